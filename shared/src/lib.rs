@@ -1,0 +1,9 @@
+//! cascade-shared: what every cascade process needs — the run configuration, the Qwen3-family
+//! model in candle (training and decode paths), the tokenizer and chat template, the rollout
+//! record schema and the transport traits.
+#![warn(missing_docs)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+pub mod rollout;
+
+pub use rollout::{FinishReason, Mode, RolloutGroup, Sample, SampleTiming, StageKind, VersionSpan};
