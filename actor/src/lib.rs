@@ -1,1 +1,6 @@
-//! placeholder
+//! cascade-actor: batched think/no-think rollout generation, samplers (CPU reference and CUDA
+//! kernels), snapshot hot-reload and writing rollouts to the replay log.
+#![warn(missing_docs)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+pub mod sampler;

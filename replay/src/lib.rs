@@ -1,1 +1,3 @@
-//! placeholder
+//! cascade-replay: the memory-mapped, crash-safe rollout log from actors to the learner.
+#![warn(missing_docs)]
+#![warn(clippy::undocumented_unsafe_blocks)]

@@ -4,6 +4,11 @@
 #![warn(missing_docs)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod chat;
+pub mod config;
+pub mod model;
 pub mod rollout;
+pub mod tokenizer;
+pub mod transport;
 
 pub use rollout::{FinishReason, Mode, RolloutGroup, Sample, SampleTiming, StageKind, VersionSpan};

@@ -1,0 +1,1 @@
+//! Token samplers: the CPU reference and the CUDA kernels (feature `cuda-kernels`).

@@ -1,0 +1,1 @@
+//! Chat template rendering, /think and /no_think modes, response splitting.

@@ -1,0 +1,1 @@
+//! The run configuration (one TOML file, every knob overridable from the CLI).

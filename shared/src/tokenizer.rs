@@ -1,0 +1,1 @@
+//! Tokenizer loading and the tiny byte-level tokenizer of the embedded default.

@@ -1,0 +1,1 @@
+//! Transport traits between actors and the learner, and their replay-log implementation.
