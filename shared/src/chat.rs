@@ -1,1 +1,0 @@
-//! Chat template rendering, /think and /no_think modes, response splitting.
