@@ -1,0 +1,240 @@
+//! The only module that touches memory maps.
+//!
+//! A [`Mapping`] maps a whole segment (or doorbell) file with `MAP_SHARED`. The invariants the
+//! rest of the crate relies on, and that every writer in every process keeps:
+//!
+//! 1. **One writer per file.** Only the process holding the actor directory's lock writes to
+//!    its segments; everyone else maps them read-only.
+//! 2. **Files never shrink.** Segments are preallocated to their final size before they are
+//!    renamed into place and are never truncated or rewritten while they exist (a truncated
+//!    mapped file raises SIGBUS). Retention only unlinks whole files, which leaves existing
+//!    mappings valid.
+//! 3. **Publish last.** A record's bytes are written first; its `len` word is stored last with
+//!    `Release` ordering and read with `Acquire`. Bytes of a record whose `len` was seen
+//!    non-zero are never written again (crash recovery only zeroes bytes after the last
+//!    CRC-valid record, which were never handed out).
+//!
+//! Offsets of `len` words are 4-byte aligned (records start at 8-byte aligned offsets and the
+//! mapping is page aligned), which is what `AtomicU32` needs.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use memmap2::{MmapOptions, MmapRaw};
+
+use crate::error::{IoContext, Result};
+
+/// A shared memory map of a whole file. See the module docs for the invariants.
+pub(crate) struct Mapping {
+    raw: MmapRaw,
+    /// Usable length (0 for an empty file, whose stand-in map is one byte).
+    len: u64,
+    path: PathBuf,
+    writable: bool,
+}
+
+impl std::fmt::Debug for Mapping {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mapping")
+            .field("path", &self.path)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl Mapping {
+    /// Maps `path` read-only (readers, `inspect`). An empty file yields an empty mapping.
+    pub(crate) fn open_read(path: &Path) -> Result<Mapping> {
+        let file = File::open(path).at(path)?;
+        let len = file.metadata().at(path)?.len();
+        if len == 0 {
+            // mmap of zero bytes is EINVAL; a one-byte anonymous map stands in, with length 0.
+            let raw = MmapOptions::new().len(1).map_anon().at(path)?.into();
+            return Ok(Mapping {
+                raw,
+                len: 0,
+                path: path.to_path_buf(),
+                writable: false,
+            });
+        }
+        let raw = MmapOptions::new().map_raw_read_only(&file).at(path)?;
+        Ok(Mapping {
+            len: raw.len() as u64,
+            raw,
+            path: path.to_path_buf(),
+            writable: false,
+        })
+    }
+
+    /// Maps `file` (opened read-write) for writing. Only the directory's lock holder calls this.
+    pub(crate) fn open_write(file: &File, path: &Path) -> Result<Mapping> {
+        let raw = MmapOptions::new().map_raw(file).at(path)?;
+        Ok(Mapping {
+            len: raw.len() as u64,
+            raw,
+            path: path.to_path_buf(),
+            writable: true,
+        })
+    }
+
+    /// The mapped file.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Mapped length in bytes.
+    pub(crate) fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// `len` bytes at `offset`, or `None` when out of bounds.
+    ///
+    /// Bytes of published records never change (invariant 3). Callers that look at bytes not
+    /// yet published (resynchronising after corruption) must treat them as untrusted: they are
+    /// validated by CRC before any use, and a concurrent writer can only turn them into a valid
+    /// record, never make a validated one invalid.
+    pub(crate) fn bytes(&self, offset: u64, len: u64) -> Option<&[u8]> {
+        let end = offset.checked_add(len)?;
+        if end > self.len() {
+            return None;
+        }
+        // SAFETY: `offset..end` lies inside the mapping (checked above), which stays mapped as
+        // long as `self` lives (the file is never truncated, invariant 2), and the returned
+        // slice borrows `self`. The memory is initialised (file-backed).
+        Some(unsafe {
+            std::slice::from_raw_parts(self.raw.as_ptr().add(offset as usize), len as usize)
+        })
+    }
+
+    fn atomic_u32(&self, offset: u64) -> Option<&AtomicU32> {
+        if offset % 4 != 0 || offset.checked_add(4)? > self.len() {
+            return None;
+        }
+        // SAFETY: in bounds and 4-byte aligned (checked above; the mapping base is page
+        // aligned). The word lives as long as `&self`. All concurrent access to these words,
+        // in any process, goes through atomics (invariant 3), so there is no non-atomic race.
+        Some(unsafe { &*(self.raw.as_ptr().add(offset as usize) as *const AtomicU32) })
+    }
+
+    /// Loads the `u32` at `offset` with `Acquire` ordering (0 when out of bounds or unaligned,
+    /// which readers treat as "nothing published").
+    pub(crate) fn load_acquire(&self, offset: u64) -> u32 {
+        self.atomic_u32(offset)
+            .map_or(0, |a| a.load(Ordering::Acquire))
+    }
+
+    /// Stores `value` at `offset` with `Release` ordering: the publication of a record.
+    /// Panics on an out-of-bounds or unaligned offset (a writer bug).
+    pub(crate) fn store_release(&mut self, offset: u64, value: u32) {
+        assert!(self.writable, "store on a read-only mapping");
+        self.atomic_u32(offset)
+            .expect("aligned in-bounds len word")
+            .store(value, Ordering::Release);
+    }
+
+    /// Adds 1 to the shared counter at `offset` (`SeqCst`), returning the previous value.
+    pub(crate) fn fetch_add(&self, offset: u64) -> u32 {
+        assert!(self.writable, "fetch_add on a read-only mapping");
+        self.atomic_u32(offset)
+            .expect("aligned counter")
+            .fetch_add(1, Ordering::SeqCst)
+    }
+
+    /// Subtracts 1 from the shared counter at `offset` (`SeqCst`).
+    pub(crate) fn fetch_sub(&self, offset: u64) {
+        assert!(self.writable, "fetch_sub on a read-only mapping");
+        self.atomic_u32(offset)
+            .expect("aligned counter")
+            .fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Loads the counter at `offset` with `SeqCst`.
+    pub(crate) fn load_seqcst(&self, offset: u64) -> u32 {
+        self.atomic_u32(offset)
+            .map_or(0, |a| a.load(Ordering::SeqCst))
+    }
+
+    /// Copies `data` to `offset`. Panics when out of bounds (a writer bug).
+    pub(crate) fn write(&mut self, offset: u64, data: &[u8]) {
+        assert!(self.writable, "write on a read-only mapping");
+        let end = offset
+            .checked_add(data.len() as u64)
+            .expect("offset overflow");
+        assert!(
+            end <= self.len(),
+            "write past the end of {}",
+            self.path.display()
+        );
+        // SAFETY: the destination is inside the mapping (checked above) and `data` is a
+        // separate Rust slice, so the ranges do not overlap. Only this process writes the file
+        // (invariant 1, enforced by the directory lock) and it only writes bytes that are not
+        // published yet (invariant 3), so no reader holds a validated view of them.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                self.raw.as_mut_ptr().add(offset as usize),
+                data.len(),
+            )
+        };
+    }
+
+    /// `msync(MS_SYNC)` of a byte range.
+    pub(crate) fn flush(&self, offset: u64, len: u64) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        self.raw
+            .flush_range(offset as usize, len as usize)
+            .at(&self.path)
+    }
+
+    /// Blocks while the `u32` at `offset` equals `expected`, at most `timeout`, or until woken
+    /// by [`Mapping::futex_wake`] from any process mapping the same file. Spurious wake-ups
+    /// happen; callers re-check their condition.
+    pub(crate) fn futex_wait(&self, offset: u64, expected: u32, timeout: Duration) {
+        let Some(word) = self.atomic_u32(offset) else {
+            return;
+        };
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs() as libc::time_t,
+            tv_nsec: timeout.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: `word` points to a live, aligned u32 in a MAP_SHARED mapping (the non-private
+        // futex op is what makes the wait visible across processes); `ts` outlives the call;
+        // the unused arguments are ignored by FUTEX_WAIT. Errors (EAGAIN, ETIMEDOUT, EINTR)
+        // only mean "return and re-check".
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                word.as_ptr(),
+                libc::FUTEX_WAIT,
+                expected,
+                &ts as *const libc::timespec,
+                std::ptr::null::<u32>(),
+                0u32,
+            );
+        }
+    }
+
+    /// Wakes every process waiting in [`Mapping::futex_wait`] on `offset`.
+    pub(crate) fn futex_wake(&self, offset: u64) {
+        let Some(word) = self.atomic_u32(offset) else {
+            return;
+        };
+        // SAFETY: `word` is a live, aligned u32 of the shared mapping; FUTEX_WAKE only uses the
+        // address as a key and never dereferences the null pointers.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                word.as_ptr(),
+                libc::FUTEX_WAKE,
+                i32::MAX,
+                std::ptr::null::<libc::timespec>(),
+                std::ptr::null::<u32>(),
+                0u32,
+            );
+        }
+    }
+}

@@ -1,0 +1,335 @@
+//! Segment files: naming, creation (preallocate, header, fsync, rename) and record validation.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use crate::error::{IoContext, ReplayError, Result};
+use crate::header::{
+    align8, RecordHeader, SegmentHeader, LEN_OFFSET, RECORD_HEADER_LEN, RECORD_MAGIC, SEAL_MAGIC,
+    SEGMENT_HEADER_LEN,
+};
+use crate::mmap::Mapping;
+
+/// File name of segment `index`.
+pub fn segment_file_name(index: u64) -> String {
+    format!("seg-{index:010}.log")
+}
+
+/// Parses a segment file name back to its index.
+pub fn parse_segment_file_name(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix("seg-")?.strip_suffix(".log")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// The segments of an actor directory, sorted by index.
+pub fn list_segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+    let mut out = Vec::new();
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(e).at(dir),
+    };
+    for entry in entries {
+        let entry = entry.at(dir)?;
+        if let Some(index) = entry.file_name().to_str().and_then(parse_segment_file_name) {
+            out.push((index, entry.path()));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// fsyncs a directory so a rename or unlink in it is durable.
+pub(crate) fn fsync_dir(dir: &Path) -> Result<()> {
+    File::open(dir).at(dir)?.sync_all().at(dir)
+}
+
+/// Creates segment `index` of `size` bytes in `dir`, fully preallocated (so a full disk fails
+/// here with [`ReplayError::Preallocate`], never later as SIGBUS on a mapped page), with its
+/// header written and fsynced, then renamed into place. Returns the open file.
+pub(crate) fn create_segment(
+    dir: &Path,
+    index: u64,
+    first_seq: u64,
+    size: u64,
+) -> Result<(File, PathBuf)> {
+    let path = dir.join(segment_file_name(index));
+    let tmp = dir.join(format!("{}.tmp", segment_file_name(index)));
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)
+        .at(&tmp)?;
+    // SAFETY: plain syscall on a file descriptor we own for the duration of the call.
+    let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, size as libc::off_t) };
+    if rc != 0 {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(ReplayError::Preallocate {
+            path,
+            size,
+            source: std::io::Error::from_raw_os_error(rc),
+        });
+    }
+    let header = SegmentHeader {
+        index,
+        first_seq,
+        size,
+    };
+    let written = file
+        .write_all_at(&header.to_bytes(), 0)
+        .and_then(|_| file.sync_all());
+    if let Err(source) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(ReplayError::Io { path: tmp, source });
+    }
+    std::fs::rename(&tmp, &path).at(&path)?;
+    fsync_dir(dir)?;
+    Ok((file, path))
+}
+
+/// Writes `bytes` to `path` through `path.tmp` + fsync + rename + directory fsync, so readers
+/// see either the old or the new content, never a mix.
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    {
+        let mut f = File::create(&tmp).at(&tmp)?;
+        f.write_all(bytes).at(&tmp)?;
+        f.sync_all().at(&tmp)?;
+    }
+    std::fs::rename(&tmp, path).at(path)?;
+    if let Some(dir) = path.parent() {
+        fsync_dir(dir)?;
+    }
+    Ok(())
+}
+
+/// What lies at one record offset of a segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slot {
+    /// No room for another header: the segment is full.
+    End,
+    /// `len` is zero: nothing published here (yet).
+    Empty,
+    /// A valid record; its payload is `payload_len` bytes after the header.
+    Record(RecordHeader),
+    /// A valid end-of-segment marker; the writer continues in the next segment.
+    Seal(RecordHeader),
+    /// Something published (non-zero `len`) that does not validate.
+    Corrupt(&'static str),
+}
+
+/// Validates the slot at `offset` (8-byte aligned, at or after the segment header). Reads the
+/// `len` word with acquire ordering first and nothing else when it is zero; otherwise checks
+/// magic, bounds and CRC. Never reads out of bounds, whatever the bytes.
+pub(crate) fn read_slot(map: &Mapping, offset: u64) -> Slot {
+    let size = map.len();
+    if offset % 8 != 0 || offset < SEGMENT_HEADER_LEN as u64 {
+        return Slot::Corrupt("misaligned offset");
+    }
+    if offset.saturating_add(RECORD_HEADER_LEN as u64) > size {
+        return Slot::End;
+    }
+    let len = map.load_acquire(offset + LEN_OFFSET as u64);
+    if len == 0 {
+        return Slot::Empty;
+    }
+    let Some(raw) = map.bytes(offset, RECORD_HEADER_LEN as u64) else {
+        return Slot::End;
+    };
+    let mut buf = [0u8; RECORD_HEADER_LEN];
+    buf.copy_from_slice(raw);
+    // Use the len we loaded with acquire, not a second plain read.
+    buf[4..8].copy_from_slice(&len.to_le_bytes());
+    let Some(header) = RecordHeader::from_bytes(&buf) else {
+        return Slot::Corrupt("reserved header bytes are not zero");
+    };
+    if header.magic != RECORD_MAGIC && header.magic != SEAL_MAGIC {
+        return Slot::Corrupt("bad record magic");
+    }
+    if (header.len as usize) < RECORD_HEADER_LEN {
+        return Slot::Corrupt("record length shorter than its header");
+    }
+    if header.magic == SEAL_MAGIC && header.len as usize != RECORD_HEADER_LEN {
+        return Slot::Corrupt("end marker with a payload");
+    }
+    if offset + header.padded_len() > size {
+        return Slot::Corrupt("record length runs past the end of the segment");
+    }
+    let payload_len = header.len as u64 - RECORD_HEADER_LEN as u64;
+    let Some(payload) = map.bytes(offset + RECORD_HEADER_LEN as u64, payload_len) else {
+        return Slot::Corrupt("record length runs past the end of the segment");
+    };
+    if header.compute_crc(payload) != header.crc {
+        return Slot::Corrupt("CRC mismatch");
+    }
+    if header.magic == SEAL_MAGIC {
+        Slot::Seal(header)
+    } else {
+        Slot::Record(header)
+    }
+}
+
+/// After a corrupt slot at `offset`, the next 8-byte aligned offset holding a valid record or
+/// seal whose seq is at least `min_seq`, if any.
+pub(crate) fn resync(map: &Mapping, offset: u64, min_seq: u64) -> Option<u64> {
+    let mut at = offset + 8;
+    while at + RECORD_HEADER_LEN as u64 <= map.len() {
+        match read_slot(map, at) {
+            Slot::Record(h) | Slot::Seal(h) if h.seq >= min_seq => return Some(at),
+            _ => at += 8,
+        }
+    }
+    None
+}
+
+/// A corrupt or torn region found in a segment.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Corruption {
+    /// Actor directory name.
+    pub actor: String,
+    /// The segment file.
+    pub path: PathBuf,
+    /// Byte offset of the bad record in the file.
+    pub offset: u64,
+    /// What is wrong.
+    pub reason: String,
+}
+
+/// The result of scanning one segment from start to end.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SegmentScan {
+    /// Decoded header, when valid.
+    pub header: Option<SegmentHeader>,
+    /// Valid records: (offset, header).
+    pub records: Vec<(u64, RecordHeader)>,
+    /// Offset just after the last valid record or seal (where a writer resumes).
+    pub end: u64,
+    /// A valid seal was found.
+    pub sealed: bool,
+    /// Corrupt regions (offset, reason), including a torn tail.
+    pub corruptions: Vec<(u64, &'static str)>,
+    /// The bad header's reason when `header` is `None`.
+    pub header_error: Option<String>,
+}
+
+/// Scans a whole segment: every valid record, corrupt regions (skipped by resync), the end of
+/// valid data. Used by the writer's crash recovery and by `inspect`.
+pub(crate) fn scan_segment(map: &Mapping) -> SegmentScan {
+    let mut scan = SegmentScan {
+        end: SEGMENT_HEADER_LEN as u64,
+        ..Default::default()
+    };
+    let head = map.bytes(0, SEGMENT_HEADER_LEN as u64).unwrap_or(&[]);
+    match SegmentHeader::from_bytes(head) {
+        Ok(h) => scan.header = Some(h),
+        Err(e) => {
+            scan.header_error = Some(e);
+            return scan;
+        }
+    }
+    if let Some(h) = scan.header {
+        if h.size != map.len() {
+            scan.corruptions.push((
+                map.len().min(h.size),
+                "segment file size differs from its header (truncated?)",
+            ));
+        }
+    }
+    let mut offset = SEGMENT_HEADER_LEN as u64;
+    let mut next_min_seq = scan.header.map_or(0, |h| h.first_seq);
+    loop {
+        match read_slot(map, offset) {
+            Slot::End => break,
+            Slot::Record(h) => {
+                scan.records.push((offset, h));
+                next_min_seq = h.seq + 1;
+                offset += h.padded_len();
+                scan.end = offset;
+            }
+            Slot::Seal(h) => {
+                scan.sealed = true;
+                offset += h.padded_len();
+                scan.end = offset;
+                break;
+            }
+            Slot::Empty | Slot::Corrupt(_) => {
+                let slot = read_slot(map, offset);
+                match resync(map, offset, next_min_seq) {
+                    Some(next) => {
+                        let reason = match slot {
+                            Slot::Corrupt(r) => r,
+                            _ => "zeroed record length before valid records",
+                        };
+                        scan.corruptions.push((offset, reason));
+                        offset = next;
+                    }
+                    None => {
+                        if let Slot::Corrupt(r) = slot {
+                            scan.corruptions.push((offset, r));
+                        }
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    scan
+}
+
+/// Checks a segment's header against what its file name says.
+pub(crate) fn check_header(map: &Mapping, index: u64) -> Result<SegmentHeader> {
+    let head = map.bytes(0, SEGMENT_HEADER_LEN as u64).unwrap_or(&[]);
+    let header = SegmentHeader::from_bytes(head).map_err(|reason| ReplayError::BadSegment {
+        path: map.path().to_path_buf(),
+        reason,
+    })?;
+    if header.index != index {
+        return Err(ReplayError::BadSegment {
+            path: map.path().to_path_buf(),
+            reason: format!(
+                "header says segment {}, file name says {index}",
+                header.index
+            ),
+        });
+    }
+    Ok(header)
+}
+
+/// Largest payload that fits in a segment of `segment_size` bytes (leaving room for the seal).
+pub(crate) fn max_payload(segment_size: u64) -> usize {
+    let room = segment_size.saturating_sub((SEGMENT_HEADER_LEN + 2 * RECORD_HEADER_LEN) as u64);
+    (room & !7) as usize
+}
+
+/// Padded size of a record with `payload` bytes.
+pub(crate) fn record_size(payload: usize) -> u64 {
+    align8((RECORD_HEADER_LEN + payload) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_names_round_trip() {
+        assert_eq!(parse_segment_file_name(&segment_file_name(42)), Some(42));
+        assert_eq!(parse_segment_file_name("seg-.log"), None);
+        assert_eq!(parse_segment_file_name("seg-0001.log.tmp"), None);
+        assert_eq!(parse_segment_file_name("seg-+1.log"), None);
+    }
+
+    #[test]
+    fn max_payload_fits() {
+        let size = 4096;
+        let p = max_payload(size);
+        assert!(SEGMENT_HEADER_LEN as u64 + record_size(p) + RECORD_HEADER_LEN as u64 <= size);
+    }
+}

@@ -1,0 +1,380 @@
+//! The writer: one per actor process and directory.
+
+use std::collections::VecDeque;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::cursor::read_min_consumed;
+use crate::doorbell::Doorbell;
+use crate::error::{IoContext, ReplayError, Result};
+use crate::header::{
+    RecordHeader, RecordMeta, SegmentHeader, LEN_OFFSET, RECORD_HEADER_LEN, RECORD_MAGIC,
+    SEAL_MAGIC, SEGMENT_HEADER_LEN,
+};
+use crate::mmap::Mapping;
+use crate::segment::{
+    create_segment, list_segments, max_payload, record_size, scan_segment, segment_file_name,
+};
+
+/// Name of the lock file that makes each actor directory single-writer.
+pub const LOCK_FILE: &str = "writer.lock";
+
+/// Writer settings.
+#[derive(Debug, Clone)]
+pub struct WriterOptions {
+    /// Size of each preallocated segment file in bytes (multiple of 8, at least 4096).
+    pub segment_size: u64,
+    /// Segments kept on disk per actor; rolling to a new one waits for the consumers when
+    /// this many exist and none can be deleted.
+    pub max_segments: usize,
+    /// Records the writer may be ahead of the slowest consumer's published position before
+    /// `append` waits; `None` bounds only by `max_segments`.
+    pub max_inflight: Option<u64>,
+    /// How long a backpressure wait may last before `append` fails.
+    pub backpressure_timeout: Duration,
+    /// Raised by the caller to abort a backpressure wait ([`ReplayError::Cancelled`]).
+    pub cancel: Option<Arc<AtomicBool>>,
+    /// Ring the shared doorbell in the parent directory after each append (low-latency wake-up
+    /// of a sleeping reader).
+    pub doorbell: bool,
+}
+
+impl Default for WriterOptions {
+    fn default() -> Self {
+        WriterOptions {
+            segment_size: 64 << 20,
+            max_segments: 16,
+            max_inflight: None,
+            backpressure_timeout: Duration::from_secs(600),
+            cancel: None,
+            doorbell: true,
+        }
+    }
+}
+
+impl WriterOptions {
+    /// Checks the options.
+    pub fn validate(&self) -> Result<()> {
+        if self.segment_size % 8 != 0 || self.segment_size < 4096 {
+            return Err(ReplayError::InvalidOptions(format!(
+                "segment_size must be a multiple of 8 and at least 4096, got {}",
+                self.segment_size
+            )));
+        }
+        if self.max_segments < 2 {
+            return Err(ReplayError::InvalidOptions(
+                "max_segments must be at least 2".into(),
+            ));
+        }
+        if self.max_inflight == Some(0) {
+            return Err(ReplayError::InvalidOptions(
+                "max_inflight must be at least 1".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Appends records to one actor directory. Holds the directory's lock for its lifetime.
+#[derive(Debug)]
+pub struct ReplayWriter {
+    dir: PathBuf,
+    opts: WriterOptions,
+    _lock: File,
+    map: Mapping,
+    /// Index of the active segment.
+    index: u64,
+    /// Where the next record goes.
+    offset: u64,
+    /// Bytes of the active segment up to here are msynced.
+    synced_to: u64,
+    next_seq: u64,
+    /// Live segments, oldest first: (index, first seq).
+    segments: VecDeque<(u64, u64)>,
+    /// Sealed segments not msynced yet.
+    unsynced: Vec<(Mapping, u64)>,
+    /// Last consumed position read from disk.
+    consumed: u64,
+    doorbell: Option<Doorbell>,
+}
+
+fn lock(dir: &Path) -> Result<File> {
+    let path = dir.join(LOCK_FILE);
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .at(&path)?;
+    // SAFETY: flock on a descriptor we own; released when the file is closed (or the process dies).
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            return Err(ReplayError::Locked { path });
+        }
+        return Err(err).at(&path);
+    }
+    Ok(file)
+}
+
+impl ReplayWriter {
+    /// Opens (or creates) the actor directory `dir`. After a crash it resumes right after the
+    /// last CRC-valid record of the newest segment and zeroes whatever follows; nothing that
+    /// was published is overwritten.
+    pub fn open(dir: impl AsRef<Path>, opts: WriterOptions) -> Result<ReplayWriter> {
+        opts.validate()?;
+        let dir = dir.as_ref().to_path_buf();
+        std::fs::create_dir_all(&dir).at(&dir)?;
+        let lock = lock(&dir)?;
+        for entry in std::fs::read_dir(&dir).at(&dir)? {
+            let path = entry.at(&dir)?.path();
+            if path.extension().and_then(|e| e.to_str()) == Some("tmp") {
+                std::fs::remove_file(&path).at(&path)?;
+            }
+        }
+        let doorbell = match (opts.doorbell, dir.parent()) {
+            (true, Some(root)) if !root.as_os_str().is_empty() => Doorbell::open(root, true)?,
+            _ => None,
+        };
+        let mut segments = VecDeque::new();
+        for (index, path) in list_segments(&dir)? {
+            let file = File::open(&path).at(&path)?;
+            let mut head = [0u8; SEGMENT_HEADER_LEN];
+            file.read_exact_at(&mut head, 0).at(&path)?;
+            let h = SegmentHeader::from_bytes(&head).map_err(|reason| ReplayError::BadSegment {
+                path: path.clone(),
+                reason,
+            })?;
+            segments.push_back((index, h.first_seq));
+        }
+        let Some(&(last, _)) = segments.back() else {
+            let (file, path) = create_segment(&dir, 0, 0, opts.segment_size)?;
+            let map = Mapping::open_write(&file, &path)?;
+            segments.push_back((0, 0));
+            return Ok(ReplayWriter {
+                dir,
+                opts,
+                _lock: lock,
+                map,
+                index: 0,
+                offset: SEGMENT_HEADER_LEN as u64,
+                synced_to: SEGMENT_HEADER_LEN as u64,
+                next_seq: 0,
+                segments,
+                unsynced: Vec::new(),
+                consumed: 0,
+                doorbell,
+            });
+        };
+        let path = dir.join(segment_file_name(last));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .at(&path)?;
+        let mut map = Mapping::open_write(&file, &path)?;
+        let scan = scan_segment(&map);
+        let header = scan.header.ok_or_else(|| ReplayError::BadSegment {
+            path: path.clone(),
+            reason: scan.header_error.clone().unwrap_or_default(),
+        })?;
+        let next_seq = scan
+            .records
+            .last()
+            .map_or(header.first_seq, |(_, h)| h.seq + 1);
+        zero_from(&mut map, scan.end);
+        map.flush(scan.end, map.len() - scan.end)?;
+        let mut writer = ReplayWriter {
+            dir,
+            opts,
+            _lock: lock,
+            map,
+            index: last,
+            offset: scan.end,
+            synced_to: scan.end,
+            next_seq,
+            segments,
+            unsynced: Vec::new(),
+            consumed: 0,
+            doorbell,
+        };
+        if scan.sealed {
+            writer.roll()?;
+        }
+        Ok(writer)
+    }
+
+    /// The actor directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Seq the next append will get.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// Appends one record and returns its seq once readers can see it. Waits (backpressure)
+    /// when the consumers are too far behind. Durable only after [`ReplayWriter::sync`].
+    pub fn append(&mut self, meta: RecordMeta, payload: &[u8]) -> Result<u64> {
+        let max = max_payload(self.opts.segment_size);
+        if payload.len() > max {
+            return Err(ReplayError::RecordTooLarge {
+                payload: payload.len(),
+                segment_size: self.opts.segment_size,
+                max_payload: max,
+            });
+        }
+        if let Some(limit) = self.opts.max_inflight {
+            self.wait_until(
+                |w| w.next_seq < w.consumed + limit,
+                || format!("max_inflight = {limit}"),
+            )?;
+        }
+        let size = record_size(payload.len());
+        if self.offset + size + RECORD_HEADER_LEN as u64 > self.map.len() {
+            self.seal()?;
+            self.roll()?;
+        }
+        let seq = self.next_seq;
+        let header = RecordHeader::new(RECORD_MAGIC, seq, meta, payload);
+        self.publish(&header, payload);
+        self.next_seq += 1;
+        Ok(seq)
+    }
+
+    /// Writes header (except `len`) and payload, then stores `len` with release ordering.
+    fn publish(&mut self, header: &RecordHeader, payload: &[u8]) {
+        let bytes = header.to_bytes();
+        let at = self.offset;
+        self.map.write(at + RECORD_HEADER_LEN as u64, payload);
+        self.map.write(at, &bytes[..LEN_OFFSET]);
+        self.map.write(at + 8, &bytes[8..]);
+        self.map.store_release(at + LEN_OFFSET as u64, header.len);
+        self.offset += header.padded_len();
+        if let Some(bell) = &self.doorbell {
+            bell.ring();
+        }
+    }
+
+    /// Makes every appended record durable (msync of the written ranges).
+    pub fn sync(&mut self) -> Result<()> {
+        for (map, end) in self.unsynced.drain(..) {
+            map.flush(SEGMENT_HEADER_LEN as u64, end - SEGMENT_HEADER_LEN as u64)?;
+        }
+        self.map
+            .flush(self.synced_to, self.offset - self.synced_to)?;
+        self.synced_to = self.offset;
+        Ok(())
+    }
+
+    fn seal(&mut self) -> Result<()> {
+        let header = RecordHeader::new(SEAL_MAGIC, self.next_seq, RecordMeta::default(), &[]);
+        self.publish(&header, &[]);
+        Ok(())
+    }
+
+    /// Starts the next segment, deleting consumed ones and waiting while `max_segments` are live.
+    fn roll(&mut self) -> Result<()> {
+        let max = self.opts.max_segments;
+        self.refresh_consumed()?;
+        self.wait_until(
+            |w| w.segments.len() < max,
+            || format!("max_segments = {max}"),
+        )?;
+        let index = self.index + 1;
+        let (file, path) = create_segment(&self.dir, index, self.next_seq, self.opts.segment_size)?;
+        let map = Mapping::open_write(&file, &path)?;
+        let old = std::mem::replace(&mut self.map, map);
+        if self.synced_to < self.offset {
+            self.unsynced.push((old, self.offset));
+        }
+        self.segments.push_back((index, self.next_seq));
+        self.index = index;
+        self.offset = SEGMENT_HEADER_LEN as u64;
+        self.synced_to = self.offset;
+        Ok(())
+    }
+
+    /// Re-reads the consumed position and deletes every segment whose records all precede it
+    /// (never the active one).
+    fn refresh_consumed(&mut self) -> Result<()> {
+        self.consumed = read_min_consumed(&self.dir)?.unwrap_or(0);
+        while self.segments.len() > 1 {
+            let (index, _) = self.segments[0];
+            let (_, next_first) = self.segments[1];
+            if next_first > self.consumed || index == self.index {
+                break;
+            }
+            let path = self.dir.join(segment_file_name(index));
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e).at(&path),
+            }
+            self.segments.pop_front();
+        }
+        Ok(())
+    }
+
+    /// Waits until `ready`, re-reading the consumed position with backoff, up to the timeout
+    /// or until the cancel flag is raised.
+    fn wait_until(
+        &mut self,
+        ready: impl Fn(&Self) -> bool,
+        limit: impl Fn() -> String,
+    ) -> Result<()> {
+        if ready(self) {
+            return Ok(());
+        }
+        let start = Instant::now();
+        let mut pause = Duration::from_micros(50);
+        loop {
+            self.refresh_consumed()?;
+            if ready(self) {
+                return Ok(());
+            }
+            if self
+                .opts
+                .cancel
+                .as_ref()
+                .is_some_and(|c| c.load(Ordering::Relaxed))
+            {
+                return Err(ReplayError::Cancelled);
+            }
+            let waited = start.elapsed();
+            if waited >= self.opts.backpressure_timeout {
+                return Err(ReplayError::BackpressureTimeout {
+                    waited,
+                    next_seq: self.next_seq,
+                    consumed: self.consumed,
+                    limit: limit(),
+                });
+            }
+            std::thread::sleep(pause.min(self.opts.backpressure_timeout - waited));
+            pause = (pause * 2).min(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Zeroes every non-zero 4 KiB block from `from` to the end (a torn tail after a crash), so a
+/// resumed writer never leaves stale bytes that could look like a record.
+fn zero_from(map: &mut Mapping, from: u64) {
+    let zeros = [0u8; 4096];
+    let mut at = from;
+    while at < map.len() {
+        let end = ((at / 4096) + 1) * 4096;
+        let n = end.min(map.len()) - at;
+        if map.bytes(at, n).is_some_and(|b| b.iter().any(|&x| x != 0)) {
+            map.write(at, &zeros[..n as usize]);
+        }
+        at += n;
+    }
+}

@@ -1,0 +1,97 @@
+//! Shared helpers for the replay integration tests: deterministic payloads that a reader in
+//! another process can check byte for byte, and re-running this test binary as a child process.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use cascade_replay::{ReaderOptions, Record, ReplayReader, WriterOptions};
+
+/// splitmix64.
+pub fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// Payload size for (actor, seq): log-uniform between `min` and `max` bytes.
+pub fn payload_len(actor: u64, seq: u64, min: usize, max: usize) -> usize {
+    let u = (mix(actor.wrapping_mul(1_000_003) ^ seq) >> 11) as f64 / (1u64 << 53) as f64;
+    let (lo, hi) = ((min as f64).ln(), (max as f64).ln());
+    ((lo + u * (hi - lo)).exp() as usize).clamp(min, max)
+}
+
+/// The payload of record `seq` of `actor`: unique per (actor, seq, len), cheap to regenerate.
+pub fn payload(actor: u64, seq: u64, len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len + 8);
+    let mut word = mix(actor << 48 ^ seq);
+    while out.len() < len {
+        out.extend_from_slice(&word.to_le_bytes());
+        word = word
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+    }
+    out.truncate(len);
+    out
+}
+
+/// Checks a delivered record against the generator (the payload's own length is trusted only
+/// through the CRC the reader checked; the content must match exactly).
+pub fn check(actor: u64, r: &Record) {
+    let expected = payload(actor, r.seq, r.payload.len());
+    assert!(
+        *r.payload == expected[..],
+        "actor {actor} seq {} payload differs",
+        r.seq
+    );
+}
+
+/// Actor index from a directory name `actor-N`.
+pub fn actor_index(name: &str) -> u64 {
+    name.strip_prefix("actor-")
+        .and_then(|n| n.parse().ok())
+        .expect("actor-N directory")
+}
+
+/// Small segments so tests roll, seal and delete often.
+pub fn small_writer(segment_size: u64) -> WriterOptions {
+    WriterOptions {
+        segment_size,
+        max_segments: 1 << 20,
+        ..Default::default()
+    }
+}
+
+/// Reads everything currently in `root` (stops after `idle` empty polls of 1 ms).
+pub fn drain(root: &Path, cursors: Option<cascade_replay::Cursors>) -> (ReplayReader, Vec<Record>) {
+    let mut reader = ReplayReader::open(root, ReaderOptions::default(), cursors).unwrap();
+    let mut all = Vec::new();
+    loop {
+        let batch = reader.poll(std::time::Duration::from_millis(1)).unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        all.extend(batch);
+    }
+    (reader, all)
+}
+
+/// Starts this test binary again, running only the ignored test `entry`, with `env` set.
+pub fn spawn_child(entry: &str, env: &[(&str, String)]) -> Child {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--ignored",
+        "--exact",
+        entry,
+        "--nocapture",
+        "--test-threads=1",
+    ]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn child test process")
+}

@@ -1,1 +1,0 @@
-//! The run configuration (one TOML file, every knob overridable from the CLI).
