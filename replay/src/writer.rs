@@ -359,7 +359,7 @@ impl ReplayWriter {
                 });
             }
             std::thread::sleep(pause.min(self.opts.backpressure_timeout - waited));
-            pause = (pause * 2).min(Duration::from_millis(20));
+            pause = (pause * 2).min(Duration::from_millis(2));
         }
     }
 }
