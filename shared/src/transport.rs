@@ -1,1 +1,283 @@
 //! Transport traits between actors and the learner, and their replay-log implementation.
+//!
+//! Actors hand finished groups to a [`RolloutSink`]; the learner takes them from a
+//! [`RolloutSource`]. The memory-mapped replay log ([`ReplaySink`], [`ReplaySource`]) is the
+//! first implementation; a network transport can be added beside it without touching the actor
+//! or the learner.
+
+use std::collections::VecDeque;
+use std::path::Path;
+use std::time::Duration;
+
+use cascade_replay::{
+    Cursors, ReaderOptions, Record, RecordMeta, ReplayError, ReplayReader, ReplayWriter,
+    WriterOptions,
+};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::rollout::{RolloutDecodeError, RolloutGroup};
+
+/// Record kind byte of a [`RolloutGroup`] in the replay header.
+pub const KIND_ROLLOUT_GROUP: u8 = 0;
+
+/// Why a transport call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    /// The replay log failed (I/O, backpressure timeout, cancelled, lost cursor...).
+    #[error(transparent)]
+    Replay(#[from] ReplayError),
+    /// A record's payload is not a group this build can read (e.g. another format version).
+    #[error("record {seq} of {actor} cannot be decoded: {source}")]
+    Decode {
+        /// Actor that wrote it.
+        actor: String,
+        /// Its seq.
+        seq: u64,
+        /// The decoding error.
+        #[source]
+        source: RolloutDecodeError,
+    },
+}
+
+/// Where actors put finished groups.
+pub trait RolloutSink {
+    /// Hands over one group; returns its sequence number in this sink. May block for
+    /// backpressure.
+    fn send(&mut self, group: &RolloutGroup) -> Result<u64, TransportError>;
+    /// Makes everything sent so far durable.
+    fn flush(&mut self) -> Result<(), TransportError>;
+}
+
+/// A group as the learner receives it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReceivedGroup {
+    /// Actor (directory) that produced it.
+    pub actor: String,
+    /// Sequence number within that actor's stream.
+    pub seq: u64,
+    /// The group.
+    pub group: RolloutGroup,
+}
+
+/// Where the learner takes groups from.
+pub trait RolloutSource {
+    /// A resumable position (stored in the learner's snapshots).
+    type Position: Serialize + DeserializeOwned + Clone;
+    /// The next available groups, waiting up to `timeout` for one; empty on timeout.
+    fn recv(&mut self, timeout: Duration) -> Result<Vec<ReceivedGroup>, TransportError>;
+    /// Position just after the last group returned by `recv`.
+    fn position(&self) -> Self::Position;
+    /// Tells the producers that everything up to [`RolloutSource::position`] is consumed.
+    fn commit(&mut self) -> Result<(), TransportError>;
+}
+
+/// [`RolloutSink`] over one actor directory of the replay log.
+#[derive(Debug)]
+pub struct ReplaySink {
+    writer: ReplayWriter,
+}
+
+impl ReplaySink {
+    /// Opens the actor directory (e.g. `RUN_DIR/replay/actor-3`).
+    pub fn open(
+        actor_dir: impl AsRef<Path>,
+        opts: WriterOptions,
+    ) -> Result<ReplaySink, TransportError> {
+        Ok(ReplaySink {
+            writer: ReplayWriter::open(actor_dir, opts)?,
+        })
+    }
+}
+
+impl RolloutSink for ReplaySink {
+    fn send(&mut self, group: &RolloutGroup) -> Result<u64, TransportError> {
+        let meta = RecordMeta {
+            policy_version: group.min_policy_version(),
+            stage: group.stage.to_u8(),
+            kind: KIND_ROLLOUT_GROUP,
+        };
+        Ok(self.writer.append(meta, &group.encode())?)
+    }
+
+    fn flush(&mut self) -> Result<(), TransportError> {
+        Ok(self.writer.sync()?)
+    }
+}
+
+/// [`RolloutSource`] over every actor directory of the replay log.
+pub struct ReplaySource {
+    reader: ReplayReader,
+    /// Records read from the log but not yet returned (after a decode error).
+    pending: VecDeque<Record>,
+    /// Cursors just after the last record returned.
+    position: Cursors,
+}
+
+impl ReplaySource {
+    /// Opens the replay root (e.g. `RUN_DIR/replay`), resuming from `position` when given.
+    pub fn open(
+        root: impl AsRef<Path>,
+        opts: ReaderOptions,
+        position: Option<Cursors>,
+    ) -> Result<ReplaySource, TransportError> {
+        let reader = ReplayReader::open(root, opts, position.clone())?;
+        Ok(ReplaySource {
+            reader,
+            pending: VecDeque::new(),
+            position: position.unwrap_or_default(),
+        })
+    }
+
+    /// Corrupt records the log skipped (each with file and offset).
+    pub fn corruptions(&self) -> &[cascade_replay::Corruption] {
+        self.reader.corruptions()
+    }
+}
+
+impl RolloutSource for ReplaySource {
+    type Position = Cursors;
+
+    fn recv(&mut self, timeout: Duration) -> Result<Vec<ReceivedGroup>, TransportError> {
+        if self.pending.is_empty() {
+            self.pending.extend(self.reader.poll(timeout)?);
+        }
+        let mut out = Vec::with_capacity(self.pending.len());
+        while let Some(record) = self.pending.pop_front() {
+            match RolloutGroup::decode(&record.payload) {
+                Ok(group) => {
+                    self.position
+                        .actors
+                        .insert(record.actor.to_string(), record.cursor_after);
+                    out.push(ReceivedGroup {
+                        actor: record.actor.to_string(),
+                        seq: record.seq,
+                        group,
+                    });
+                }
+                // Reported once; the stream goes on past it with the next call.
+                Err(source) if out.is_empty() => {
+                    self.position
+                        .actors
+                        .insert(record.actor.to_string(), record.cursor_after);
+                    return Err(TransportError::Decode {
+                        actor: record.actor.to_string(),
+                        seq: record.seq,
+                        source,
+                    });
+                }
+                // Hand out what decoded first; the bad record's error comes on the next call.
+                Err(_) => {
+                    self.pending.push_front(record);
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn position(&self) -> Cursors {
+        self.position.clone()
+    }
+
+    fn commit(&mut self) -> Result<(), TransportError> {
+        // Publish only what was returned, not what is still pending.
+        for (actor, cursor) in &self.position.actors {
+            cascade_replay::write_consumed(&self.reader.root().join(actor), "learner", cursor)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rollout::{FinishReason, Mode, Sample, SampleTiming, StageKind, VersionSpan};
+
+    fn group(prompt_id: u64, version: u64) -> RolloutGroup {
+        RolloutGroup {
+            stage: StageKind::Code,
+            stage_index: 4,
+            prompt_id,
+            mode: Mode::NoThink,
+            actor_id: 2,
+            prompt_ids: vec![5, 6, 7],
+            samples: vec![Sample {
+                response_ids: vec![1, 2],
+                behaviour_logprobs: vec![-0.25, -2.0],
+                policy_versions: vec![VersionSpan {
+                    start_token: 0,
+                    version,
+                }],
+                finish_reason: FinishReason::Length,
+                reward: 0.5,
+                reward_breakdown: vec![("tests".into(), 0.5)],
+                timing: SampleTiming {
+                    generate_ms: 1.0,
+                    reward_ms: 2.0,
+                },
+            }],
+        }
+    }
+
+    #[test]
+    fn groups_travel_through_the_log_and_resume_from_the_position() {
+        let root = tempfile::tempdir().unwrap();
+        let opts = WriterOptions {
+            segment_size: 8192,
+            ..Default::default()
+        };
+        let mut sink = ReplaySink::open(root.path().join("actor-2"), opts).unwrap();
+        for i in 0..10 {
+            assert_eq!(sink.send(&group(i, 7 + i)).unwrap(), i);
+        }
+        sink.flush().unwrap();
+        let rd = ReaderOptions {
+            max_batch: 4,
+            ..Default::default()
+        };
+        let mut source = ReplaySource::open(root.path(), rd.clone(), None).unwrap();
+        let first = source.recv(Duration::from_millis(10)).unwrap();
+        assert_eq!(first.len(), 4);
+        assert_eq!(first[0].group, group(0, 7));
+        source.commit().unwrap();
+        assert_eq!(
+            cascade_replay::read_min_consumed(&root.path().join("actor-2")).unwrap(),
+            Some(4)
+        );
+        let saved = serde_json::to_string(&source.position()).unwrap();
+        let mut source =
+            ReplaySource::open(root.path(), rd, Some(serde_json::from_str(&saved).unwrap()))
+                .unwrap();
+        let mut rest = Vec::new();
+        while rest.len() < 6 {
+            rest.extend(source.recv(Duration::from_millis(10)).unwrap());
+        }
+        let ids: Vec<u64> = rest.iter().map(|g| g.group.prompt_id).collect();
+        assert_eq!(ids, (4..10).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn an_unknown_format_version_is_a_clear_error_and_the_stream_goes_on() {
+        let root = tempfile::tempdir().unwrap();
+        let mut w =
+            ReplayWriter::open(root.path().join("actor-0"), WriterOptions::default()).unwrap();
+        let mut bad = group(0, 1).encode();
+        bad[2] = 99;
+        w.append(RecordMeta::default(), &group(1, 1).encode())
+            .unwrap();
+        w.append(RecordMeta::default(), &bad).unwrap();
+        w.append(RecordMeta::default(), &group(2, 1).encode())
+            .unwrap();
+        let mut source = ReplaySource::open(root.path(), ReaderOptions::default(), None).unwrap();
+        let ok = source.recv(Duration::from_millis(10)).unwrap();
+        assert_eq!(ok.len(), 1);
+        let err = source.recv(Duration::from_millis(10)).unwrap_err();
+        assert!(
+            err.to_string().contains("version 99 is not supported"),
+            "{err}"
+        );
+        let after = source.recv(Duration::from_millis(10)).unwrap();
+        assert_eq!(after[0].group.prompt_id, 2);
+    }
+}
