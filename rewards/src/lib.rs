@@ -4,9 +4,15 @@
 #![warn(missing_docs)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod code;
 pub mod response;
+pub mod score;
+pub mod swe;
 
+pub use code::CodeVerifier;
 pub use response::{split_response, SplitResponse};
+pub use score::Scorer;
+pub use swe::SweVerifier;
 
 /// The result of verifying one response.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
