@@ -109,7 +109,7 @@ impl Mapping {
     }
 
     fn atomic_u32(&self, offset: u64) -> Option<&AtomicU32> {
-        if offset % 4 != 0 || offset.checked_add(4)? > self.len() {
+        if !offset.is_multiple_of(4) || offset.checked_add(4)? > self.len() {
             return None;
         }
         // SAFETY: in bounds and 4-byte aligned (checked above; the mapping base is page

@@ -131,7 +131,7 @@ pub enum Slot {
 /// magic, bounds and CRC. Never reads out of bounds, whatever the bytes.
 pub(crate) fn read_slot(map: &Mapping, offset: u64) -> Slot {
     let size = map.len();
-    if offset % 8 != 0 || offset < SEGMENT_HEADER_LEN as u64 {
+    if !offset.is_multiple_of(8) || offset < SEGMENT_HEADER_LEN as u64 {
         return Slot::Corrupt("misaligned offset");
     }
     if offset.saturating_add(RECORD_HEADER_LEN as u64) > size {

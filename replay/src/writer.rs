@@ -60,7 +60,7 @@ impl Default for WriterOptions {
 impl WriterOptions {
     /// Checks the options.
     pub fn validate(&self) -> Result<()> {
-        if self.segment_size % 8 != 0 || self.segment_size < 4096 {
+        if !self.segment_size.is_multiple_of(8) || self.segment_size < 4096 {
             return Err(ReplayError::InvalidOptions(format!(
                 "segment_size must be a multiple of 8 and at least 4096, got {}",
                 self.segment_size
