@@ -151,7 +151,7 @@ impl ChildPlan {
     /// must not allocate. Descriptors in the plan must be open in the child.
     pub unsafe fn apply(&self) -> std::io::Result<()> {
         let iso = self.isolation;
-        // SAFETY (whole function): raw syscalls with integer or stack-struct arguments only,
+        // SAFETY: raw syscalls with integer or stack-struct arguments only,
         // as required between fork and exec; the plan was fully built before the fork.
         unsafe {
             check(libc::setsid())?;
