@@ -5,11 +5,15 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod code;
+pub mod ifeval;
+pub mod math;
 pub mod response;
 pub mod score;
 pub mod swe;
 
 pub use code::CodeVerifier;
+pub use ifeval::IfEvalVerifier;
+pub use math::MathVerifier;
 pub use response::{split_response, SplitResponse};
 pub use score::Scorer;
 pub use swe::SweVerifier;

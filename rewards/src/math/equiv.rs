@@ -1,0 +1,332 @@
+//! Structured answers (scalars, tuples, intervals, sets, unions, matrices, text) and their
+//! equivalence: scalars are compared by evaluating both sides at fixed pseudo-random points.
+
+use std::collections::BTreeSet;
+
+use super::latex::{as_text, normalize, parse_expr, Expr};
+
+/// A parsed answer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    /// One scalar expression.
+    Scalar(Expr),
+    /// A bracketed sequence `(a, b)`, `[a, b)`, ...; brackets are part of its identity (an open
+    /// interval and an ordered pair are written alike and compare alike).
+    Bracketed {
+        /// Opening bracket, `(` or `[`.
+        open: char,
+        /// Closing bracket, `)` or `]`.
+        close: char,
+        /// The elements in order.
+        items: Vec<Answer>,
+    },
+    /// An unordered collection: `\{a, b\}`, a bare list `a, b`, `\pm a`, or a union of intervals.
+    Set(Vec<Answer>),
+    /// A matrix or column vector, rows in order.
+    Matrix(Vec<Vec<Answer>>),
+    /// A text answer, normalised (lowercase, no parentheses).
+    Text(String),
+    /// Anything else: the normalised LaTeX with whitespace removed, compared literally.
+    Raw(String),
+}
+
+/// Parses an extracted answer. `percent` says what a trailing `\%` means: when true the answer has
+/// two readings (`p` and `p/100`), returned both; otherwise the sign is dropped.
+pub fn parse_answer(raw: &str, percent: bool) -> Vec<Answer> {
+    let s = normalize(raw);
+    let s = s.trim_start_matches('$').trim_end_matches('$').trim();
+    for suffix in ["\\%", "%"] {
+        if let Some(p) = s.strip_suffix(suffix) {
+            let base = parse_structure(p.trim());
+            if percent {
+                if let Answer::Scalar(e) = &base {
+                    let hundredth = Expr::Mul(vec![e.clone(), Expr::Num(0.01)]);
+                    return vec![base.clone(), Answer::Scalar(hundredth)];
+                }
+            }
+            return vec![base];
+        }
+    }
+    vec![parse_structure(s)]
+}
+
+/// Splits `s` at top-level occurrences of `sep` (outside any bracket or brace).
+fn split_top(s: &str, sep: &str) -> Vec<String> {
+    let mut parts = Vec::new();
+    let mut depth = 0i32;
+    let mut last = 0;
+    let bytes = s.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        let c = bytes[i];
+        let escaped_brace = c == b'\\' && matches!(bytes.get(i + 1), Some(b'{') | Some(b'}'));
+        if escaped_brace {
+            depth += if bytes[i + 1] == b'{' { 1 } else { -1 };
+            i += 2;
+            continue;
+        }
+        match c {
+            b'(' | b'[' | b'{' => depth += 1,
+            b')' | b']' | b'}' => depth -= 1,
+            _ => {}
+        }
+        if depth == 0 && s[i..].starts_with(sep) {
+            parts.push(s[last..i].trim().to_string());
+            i += sep.len();
+            last = i;
+            continue;
+        }
+        i += 1;
+    }
+    parts.push(s[last..].trim().to_string());
+    parts
+}
+
+/// Index of the bracket closing the one at byte 0 (any of `([{`, matched by depth only, so that
+/// half-open intervals `[a, b)` close too).
+fn closing_of_first(s: &str) -> Option<usize> {
+    let mut depth = 0i32;
+    for (i, c) in s.char_indices() {
+        match c {
+            '(' | '[' | '{' => depth += 1,
+            ')' | ']' | '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(i);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+fn parse_structure(s: &str) -> Answer {
+    let s = s.trim();
+    if let Some(m) = parse_matrix(s) {
+        return m;
+    }
+    let union = split_top(s, "\\cup");
+    if union.len() > 1 {
+        return Answer::Set(union.iter().map(|p| parse_structure(p)).collect());
+    }
+    if let Some(inner) = s.strip_prefix("\\{").and_then(|r| r.strip_suffix("\\}")) {
+        return Answer::Set(split_top(inner, ",").iter().filter(|p| !p.is_empty()).map(|p| parse_structure(p)).collect());
+    }
+    let first = s.chars().next().unwrap_or(' ');
+    let last = s.chars().last().unwrap_or(' ');
+    if (first == '(' || first == '[') && (last == ')' || last == ']') && closing_of_first(s) == Some(s.len() - 1) {
+        let inner = &s[1..s.len() - 1];
+        let items = split_top(inner, ",");
+        if items.len() > 1 {
+            return Answer::Bracketed { open: first, close: last, items: items.iter().map(|p| parse_structure(p)).collect() };
+        }
+    }
+    let items = split_top(s, ",");
+    if items.len() > 1 {
+        return Answer::Set(items.iter().map(|p| parse_structure(p)).collect());
+    }
+    // `x = 5`, `y = 2x + 3`: an equation with a lone symbol on the left means its right side.
+    let sides = split_top(s, "=");
+    if sides.len() == 2 && is_lone_symbol(&sides[0]) {
+        return parse_structure(&sides[1]);
+    }
+    if let Some(rest) = s.strip_prefix("\\pm") {
+        if let Some(e) = parse_expr(rest) {
+            let minus = Expr::Mul(vec![Expr::Num(-1.0), e.clone()]);
+            return Answer::Set(vec![Answer::Scalar(e), Answer::Scalar(minus)]);
+        }
+    }
+    if let Some(t) = as_text(s) {
+        if t.chars().count() > 1 || s.starts_with("\\text") || s.starts_with('(') {
+            return Answer::Text(t);
+        }
+    }
+    match parse_expr(s) {
+        Some(e) => Answer::Scalar(e),
+        None => Answer::Raw(s.chars().filter(|c| !c.is_whitespace()).collect()),
+    }
+}
+
+fn is_lone_symbol(s: &str) -> bool {
+    matches!(parse_expr(s), Some(Expr::Sym(_)))
+}
+
+fn parse_matrix(s: &str) -> Option<Answer> {
+    for env in ["pmatrix", "bmatrix", "matrix"] {
+        let open = format!("\\begin{{{env}}}");
+        let close = format!("\\end{{{env}}}");
+        if let Some(body) = s.strip_prefix(open.as_str()).and_then(|r| r.strip_suffix(close.as_str())) {
+            let rows = body
+                .split("\\\\")
+                .map(str::trim)
+                .filter(|r| !r.is_empty())
+                .map(|r| r.split('&').map(|c| parse_structure(c.trim())).collect())
+                .collect();
+            return Some(Answer::Matrix(rows));
+        }
+    }
+    None
+}
+
+/// True when any reading of `gold` equals any reading of `pred`.
+pub fn equivalent(gold: &[Answer], pred: &[Answer]) -> bool {
+    gold.iter().any(|g| pred.iter().any(|p| answers_equal(g, p)))
+}
+
+fn answers_equal(a: &Answer, b: &Answer) -> bool {
+    match (a, b) {
+        (Answer::Scalar(x), Answer::Scalar(y)) => exprs_equal(x, y),
+        (Answer::Bracketed { open: o1, close: c1, items: i1 }, Answer::Bracketed { open: o2, close: c2, items: i2 }) => {
+            o1 == o2 && c1 == c2 && i1.len() == i2.len() && i1.iter().zip(i2).all(|(x, y)| answers_equal(x, y))
+        }
+        (Answer::Set(s1), Answer::Set(s2)) => same_multiset(s1, s2),
+        (Answer::Matrix(m1), Answer::Matrix(m2)) => {
+            m1.len() == m2.len()
+                && m1.iter().zip(m2).all(|(r1, r2)| r1.len() == r2.len() && r1.iter().zip(r2).all(|(x, y)| answers_equal(x, y)))
+        }
+        (Answer::Text(t1), Answer::Text(t2)) => t1 == t2,
+        (Answer::Text(t), Answer::Scalar(Expr::Sym(s))) | (Answer::Scalar(Expr::Sym(s)), Answer::Text(t)) => {
+            t == &s.to_lowercase()
+        }
+        (Answer::Raw(r1), Answer::Raw(r2)) => r1 == r2,
+        _ => false,
+    }
+}
+
+/// Unordered comparison with multiplicity: each element of `a` pairs with a distinct one of `b`.
+fn same_multiset(a: &[Answer], b: &[Answer]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut used = vec![false; b.len()];
+    a.iter().all(|x| {
+        let found = (0..b.len()).find(|&j| !used[j] && answers_equal(x, &b[j]));
+        if let Some(j) = found {
+            used[j] = true;
+        }
+        found.is_some()
+    })
+}
+
+/// Values tried for free symbols; irrational-ish so that distinct expressions rarely coincide.
+const POINTS: [f64; 3] = [1.2345, 2.3171, 0.7259];
+
+/// Compares two scalar expressions numerically at a few points (every free symbol gets a value
+/// derived from its name and the point). Equal when every point where both sides are finite
+/// agrees to 1e-8 relative, infinities match in sign, and at least one point was comparable.
+pub fn exprs_equal(a: &Expr, b: &Expr) -> bool {
+    let mut symbols = BTreeSet::new();
+    collect_symbols(a, &mut symbols);
+    collect_symbols(b, &mut symbols);
+    let points: &[f64] = if symbols.is_empty() { &POINTS[..1] } else { &POINTS };
+    let mut compared = 0;
+    for &base in points {
+        let value_of = |name: &str| {
+            let h = name.bytes().fold(0u32, |h, c| h.wrapping_mul(31).wrapping_add(c as u32));
+            base + f64::from(h % 97) / 53.0
+        };
+        let (x, y) = (eval(a, &value_of), eval(b, &value_of));
+        if x.is_nan() || y.is_nan() {
+            if x.is_nan() != y.is_nan() {
+                return false;
+            }
+            continue;
+        }
+        if x.is_infinite() || y.is_infinite() {
+            if x != y {
+                return false;
+            }
+        } else if (x - y).abs() > 1e-8 * x.abs().max(y.abs()).max(1.0) {
+            return false;
+        }
+        compared += 1;
+    }
+    compared > 0
+}
+
+fn collect_symbols(e: &Expr, out: &mut BTreeSet<String>) {
+    match e {
+        Expr::Sym(s) => {
+            out.insert(s.clone());
+        }
+        Expr::Num(_) => {}
+        Expr::Add(v) | Expr::Mul(v) => v.iter().for_each(|x| collect_symbols(x, out)),
+        Expr::Pow(a, b) | Expr::Log(a, b) => {
+            collect_symbols(a, out);
+            collect_symbols(b, out);
+        }
+        Expr::Func(_, a) | Expr::Factorial(a) => collect_symbols(a, out),
+    }
+}
+
+/// Evaluates `e` with `value_of` giving each free symbol's value.
+pub fn eval(e: &Expr, value_of: &dyn Fn(&str) -> f64) -> f64 {
+    match e {
+        Expr::Num(n) => *n,
+        Expr::Sym(s) => value_of(s),
+        Expr::Add(v) => v.iter().map(|x| eval(x, value_of)).sum(),
+        Expr::Mul(v) => v.iter().map(|x| eval(x, value_of)).product(),
+        Expr::Pow(b, x) => eval(b, value_of).powf(eval(x, value_of)),
+        Expr::Log(b, x) => eval(x, value_of).ln() / eval(b, value_of).ln(),
+        Expr::Factorial(x) => {
+            let n = eval(x, value_of);
+            if n < 0.0 || n.fract() != 0.0 || n > 170.0 {
+                f64::NAN
+            } else {
+                (1..=n as u64).map(|k| k as f64).product()
+            }
+        }
+        Expr::Func(name, x) => {
+            let v = eval(x, value_of);
+            match *name {
+                "sqrt" => v.sqrt(),
+                "sin" => v.sin(),
+                "cos" => v.cos(),
+                "tan" => v.tan(),
+                "cot" => 1.0 / v.tan(),
+                "ln" => v.ln(),
+                "exp" => v.exp(),
+                "arcsin" => v.asin(),
+                "arccos" => v.acos(),
+                "arctan" => v.atan(),
+                _ => f64::NAN,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn eq(a: &str, b: &str) -> bool {
+        equivalent(&parse_answer(a, true), &parse_answer(b, true))
+    }
+
+    #[test]
+    fn numbers_and_forms() {
+        assert!(eq(r"\frac{1}{2}", "0.5"));
+        assert!(eq(r"\frac{14}{3}", r"4\frac{2}{3}"));
+        assert!(eq("1000000", "1,000,000"));
+        assert!(eq(r"2\sqrt{3}", r"\sqrt{12}"));
+        assert!(eq(r"2\pi", r"\frac{4\pi}{2}"));
+        assert!(!eq(r"2\pi", "6.28"));
+        assert!(eq(r"50\%", "0.5"));
+        assert!(!eq(r"\frac{1}{2}", "0.51"));
+    }
+
+    #[test]
+    fn structures() {
+        assert!(eq(r"\{1, 2, 3\}", r"\{3, 2, 1\}"));
+        assert!(!eq("(1, 2)", "(2, 1)"));
+        assert!(!eq("(1, 2)", "[1, 2]"));
+        assert!(eq(r"(-\infty,-1)\cup(6,+\infty)", r"(6,\infty)\cup(-\infty,-1)"));
+        assert!(eq(r"\pm 3", "3, -3"));
+        assert!(eq("x = 5", "5"));
+        assert!(eq(r"x^2+2x+1", "(x+1)^2"));
+        assert!(!eq(r"x^2+2x+1", "(x-1)^2"));
+        assert!(eq(r"\text{(C)}", "C"));
+        assert!(!eq(r"\text{(C)}", "D"));
+    }
+}

