@@ -36,17 +36,25 @@ const ALLOWED: &[(&str, &str, bool, &str)] = &[
 ];
 
 fn fixture() -> Result<Vec<Value>> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/rewards/ifeval/cases.jsonl");
-    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/rewards/ifeval/cases.jsonl");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     text.lines()
         .skip(1)
         .enumerate()
-        .map(|(i, l)| serde_json::from_str(l).with_context(|| format!("{}:{}", path.display(), i + 2)))
+        .map(|(i, l)| {
+            serde_json::from_str(l).with_context(|| format!("{}:{}", path.display(), i + 2))
+        })
         .collect()
 }
 
 /// (instruction id, response, reference verdict, our verdict) for every instruction of every case.
-fn verdicts(rows: &[Value], mode: IfEvalMode, field: &str) -> Result<Vec<(String, String, bool, bool)>> {
+fn verdicts(
+    rows: &[Value],
+    mode: IfEvalMode,
+    field: &str,
+) -> Result<Vec<(String, String, bool, bool)>> {
     let mut out = Vec::new();
     for row in rows {
         let instructions = IfEvalVerifier::instructions(row)?;
@@ -55,7 +63,12 @@ fn verdicts(rows: &[Value], mode: IfEvalMode, field: &str) -> Result<Vec<(String
         let theirs = row[field].as_array().context(field.to_string())?;
         let ids = row["instruction_id_list"].as_array().context("ids")?;
         for ((id, t), o) in ids.iter().zip(theirs).zip(ours) {
-            out.push((id.as_str().unwrap_or("").to_string(), response.to_string(), t.as_bool().context("verdict")?, o));
+            out.push((
+                id.as_str().unwrap_or("").to_string(),
+                response.to_string(),
+                t.as_bool().context("verdict")?,
+                o,
+            ));
         }
     }
     Ok(out)
@@ -66,15 +79,30 @@ fn every_instruction_type_is_exercised() -> Result<()> {
     let rows = fixture()?;
     let mut per_type: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
     for row in &rows {
-        for (id, v) in row["instruction_id_list"].as_array().context("ids")?.iter().zip(row["strict"].as_array().context("strict")?) {
-            let id = INSTRUCTION_IDS.iter().find(|k| Some(**k) == id.as_str()).context("unknown id in fixture")?;
+        for (id, v) in row["instruction_id_list"]
+            .as_array()
+            .context("ids")?
+            .iter()
+            .zip(row["strict"].as_array().context("strict")?)
+        {
+            let id = INSTRUCTION_IDS
+                .iter()
+                .find(|k| Some(**k) == id.as_str())
+                .context("unknown id in fixture")?;
             let e = per_type.entry(id).or_default();
-            if v.as_bool() == Some(true) { e.0 += 1 } else { e.1 += 1 }
+            if v.as_bool() == Some(true) {
+                e.0 += 1
+            } else {
+                e.1 += 1
+            }
         }
     }
     for id in INSTRUCTION_IDS {
         let (pass, fail) = per_type.get(id).copied().unwrap_or_default();
-        assert!(pass + fail >= 8 && pass > 0 && fail > 0, "{id}: {pass} passing, {fail} failing cases");
+        assert!(
+            pass + fail >= 8 && pass > 0 && fail > 0,
+            "{id}: {pass} passing, {fail} failing cases"
+        );
     }
     Ok(())
 }
@@ -85,7 +113,10 @@ fn agrees_with_lm_eval() -> Result<()> {
     let strict = verdicts(&rows, IfEvalMode::Strict, "strict")?;
     let loose = verdicts(&rows, IfEvalMode::Loose, "loose")?;
     let disagree = |v: &[(String, String, bool, bool)]| -> Vec<(String, String, bool)> {
-        v.iter().filter(|(_, _, t, o)| t != o).map(|(i, r, t, _)| (i.clone(), r.clone(), *t)).collect()
+        v.iter()
+            .filter(|(_, _, t, o)| t != o)
+            .map(|(i, r, t, _)| (i.clone(), r.clone(), *t))
+            .collect()
     };
     let (ds, dl) = (disagree(&strict), disagree(&loose));
     let rate = |d: usize, n: usize| 1.0 - d as f64 / n as f64;
@@ -100,13 +131,33 @@ fn agrees_with_lm_eval() -> Result<()> {
     for d in &dl {
         println!("loose disagreement: {d:?}");
     }
-    let unexplained: Vec<_> =
-        ds.iter().filter(|(i, r, t)| !ALLOWED.iter().any(|(ai, ar, at, _)| ai == i && ar == r && at == t)).collect();
-    let stale: Vec<_> =
-        ALLOWED.iter().filter(|(ai, ar, at, _)| !ds.iter().any(|(i, r, t)| ai == i && ar == r && at == t)).collect();
-    assert!(unexplained.is_empty(), "strict disagreements not on the allow-list (id, response, lm-eval):\n{unexplained:#?}");
-    assert!(stale.is_empty(), "allow-list entries that no longer disagree:\n{stale:#?}");
-    assert!(rate(ds.len(), strict.len()) >= 0.99, "strict agreement below 99 %");
-    assert!(rate(dl.len(), loose.len()) >= 0.97, "loose agreement below 97 %");
+    let unexplained: Vec<_> = ds
+        .iter()
+        .filter(|(i, r, t)| {
+            !ALLOWED
+                .iter()
+                .any(|(ai, ar, at, _)| ai == i && ar == r && at == t)
+        })
+        .collect();
+    let stale: Vec<_> = ALLOWED
+        .iter()
+        .filter(|(ai, ar, at, _)| !ds.iter().any(|(i, r, t)| ai == i && ar == r && at == t))
+        .collect();
+    assert!(
+        unexplained.is_empty(),
+        "strict disagreements not on the allow-list (id, response, lm-eval):\n{unexplained:#?}"
+    );
+    assert!(
+        stale.is_empty(),
+        "allow-list entries that no longer disagree:\n{stale:#?}"
+    );
+    assert!(
+        rate(ds.len(), strict.len()) >= 0.99,
+        "strict agreement below 99 %"
+    );
+    assert!(
+        rate(dl.len(), loose.len()) >= 0.97,
+        "loose agreement below 97 %"
+    );
     Ok(())
 }

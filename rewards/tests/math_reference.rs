@@ -15,12 +15,16 @@ use serde_json::{json, Value};
 const ALLOWED: &[(&str, &str, bool, &str)] = &[];
 
 fn fixture() -> Result<Vec<Value>> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/rewards/math/pairs.jsonl");
-    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/rewards/math/pairs.jsonl");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     text.lines()
         .skip(1)
         .enumerate()
-        .map(|(i, l)| serde_json::from_str(l).with_context(|| format!("{}:{}", path.display(), i + 2)))
+        .map(|(i, l)| {
+            serde_json::from_str(l).with_context(|| format!("{}:{}", path.display(), i + 2))
+        })
         .collect()
 }
 
@@ -34,25 +38,50 @@ fn agrees_with_math_verify() -> Result<()> {
         let gold = row["answer"].as_str().context("answer")?;
         let response = row["response"].as_str().context("response")?;
         let expected = row["math_verify"].as_bool().context("math_verify")?;
-        let reward = verifier.verify(&json!({ "answer": gold }), &split_response(response))?.reward;
+        let reward = verifier
+            .verify(&json!({ "answer": gold }), &split_response(response))?
+            .reward;
         let ours = reward == 1.0;
         if ours != expected {
-            let boxed = split_response(response).answer.and_then(last_boxed).unwrap_or("").to_string();
+            let boxed = split_response(response)
+                .answer
+                .and_then(last_boxed)
+                .unwrap_or("")
+                .to_string();
             disagreements.push((gold.to_string(), boxed, expected));
         }
     }
     let agreement = 1.0 - disagreements.len() as f64 / rows.len() as f64;
-    println!("math: {} pairs, {} disagreements, agreement {:.2} %", rows.len(), disagreements.len(), 100.0 * agreement);
+    println!(
+        "math: {} pairs, {} disagreements, agreement {:.2} %",
+        rows.len(),
+        disagreements.len(),
+        100.0 * agreement
+    );
     let unexplained: Vec<_> = disagreements
         .iter()
-        .filter(|(g, b, e)| !ALLOWED.iter().any(|(ag, ab, ae, _)| ag == g && ab == b && ae == e))
+        .filter(|(g, b, e)| {
+            !ALLOWED
+                .iter()
+                .any(|(ag, ab, ae, _)| ag == g && ab == b && ae == e)
+        })
         .collect();
     let stale: Vec<_> = ALLOWED
         .iter()
-        .filter(|(ag, ab, ae, _)| !disagreements.iter().any(|(g, b, e)| ag == g && ab == b && ae == e))
+        .filter(|(ag, ab, ae, _)| {
+            !disagreements
+                .iter()
+                .any(|(g, b, e)| ag == g && ab == b && ae == e)
+        })
         .collect();
-    assert!(unexplained.is_empty(), "disagreements not on the allow-list (gold, boxed, math-verify):\n{unexplained:#?}");
-    assert!(stale.is_empty(), "allow-list entries that no longer disagree:\n{stale:#?}");
+    assert!(
+        unexplained.is_empty(),
+        "disagreements not on the allow-list (gold, boxed, math-verify):\n{unexplained:#?}"
+    );
+    assert!(
+        stale.is_empty(),
+        "allow-list entries that no longer disagree:\n{stale:#?}"
+    );
     assert!(agreement >= 0.97, "agreement {agreement:.4} < 0.97");
     Ok(())
 }

@@ -4,8 +4,8 @@
 use regex::Regex;
 use serde_json::{Map, Value};
 
-use super::text::{count_words, detect_language, py_islower, py_isupper, word_tokens};
 use super::punkt;
+use super::text::{count_words, detect_language, py_islower, py_isupper, word_tokens};
 use crate::VerifyError;
 
 /// A comparison of IFEval (`relation`, `let_relation`, `capital_relation`).
@@ -173,17 +173,24 @@ impl<'a> Kwargs<'a> {
             Value::Array(a) => !a.is_empty(),
             Value::Object(o) => !o.is_empty(),
         };
-        Ok(Kwargs { id, map: obj.into_iter().filter(|(_, v)| truthy(v)).collect() })
+        Ok(Kwargs {
+            id,
+            map: obj.into_iter().filter(|(_, v)| truthy(v)).collect(),
+        })
     }
 
     /// lm-eval draws a random value for a missing parameter; a verifier must not, so it is an error.
     fn missing(&self, key: &str) -> VerifyError {
-        bad(self.id, &format!("kwarg `{key}` is missing (lm-eval would draw it at random)"))
+        bad(
+            self.id,
+            &format!("kwarg `{key}` is missing (lm-eval would draw it at random)"),
+        )
     }
 
     fn int(&self, key: &str) -> Result<i64, VerifyError> {
         let v = self.map.get(key).ok_or_else(|| self.missing(key))?;
-        v.as_i64().or_else(|| v.as_f64().filter(|f| f.fract() == 0.0).map(|f| f as i64))
+        v.as_i64()
+            .or_else(|| v.as_f64().filter(|f| f.fract() == 0.0).map(|f| f as i64))
             .ok_or_else(|| bad(self.id, &format!("kwarg `{key}` is not an integer")))
     }
 
@@ -208,7 +215,11 @@ impl<'a> Kwargs<'a> {
         match self.map.get(key) {
             Some(Value::Array(a)) => a
                 .iter()
-                .map(|v| v.as_str().map(String::from).ok_or_else(|| bad(self.id, &format!("kwarg `{key}` has a non-string"))))
+                .map(|v| {
+                    v.as_str()
+                        .map(String::from)
+                        .ok_or_else(|| bad(self.id, &format!("kwarg `{key}` has a non-string")))
+                })
                 .collect(),
             Some(_) => Err(bad(self.id, &format!("kwarg `{key}` is not a list"))),
             None => Err(self.missing(key)),
@@ -219,20 +230,30 @@ impl<'a> Kwargs<'a> {
         match self.string(key)?.as_str() {
             "less than" => Ok(Relation::LessThan),
             "at least" => Ok(Relation::AtLeast),
-            other => Err(bad(self.id, &format!("kwarg `{key}` = {other:?} is neither \"less than\" nor \"at least\""))),
+            other => Err(bad(
+                self.id,
+                &format!("kwarg `{key}` = {other:?} is neither \"less than\" nor \"at least\""),
+            )),
         }
     }
 }
 
 fn bad(id: &str, problem: &str) -> VerifyError {
-    VerifyError::BadReference { field: "kwargs".into(), problem: format!("{id}: {problem}") }
+    VerifyError::BadReference {
+        field: "kwargs".into(),
+        problem: format!("{id}: {problem}"),
+    }
 }
 
 impl Instruction {
     /// Builds the instruction `id` from its kwargs object. `_prompt` (the example's prompt) is
     /// accepted for symmetry with lm-eval, which passes it on only to instructions whose arguments
     /// include a `prompt` key; none of the 25 has one.
-    pub fn from_kwargs(id: &str, kwargs: &Value, _prompt: Option<&str>) -> Result<Self, VerifyError> {
+    pub fn from_kwargs(
+        id: &str,
+        kwargs: &Value,
+        _prompt: Option<&str>,
+    ) -> Result<Self, VerifyError> {
         let k = Kwargs::new(id, kwargs)?;
         use Instruction as I;
         Ok(match id {
@@ -259,29 +280,47 @@ impl Instruction {
                     (Some(c), None) if c.is_ascii_alphabetic() => c.to_ascii_lowercase(),
                     _ => return Err(bad(id, "kwarg `letter` is not one ASCII letter")),
                 };
-                I::LetterFrequency { letter: c, frequency: k.count("let_frequency")?, relation: k.relation("let_relation")? }
+                I::LetterFrequency {
+                    letter: c,
+                    frequency: k.count("let_frequency")?,
+                    relation: k.relation("let_relation")?,
+                }
             }
             "language:response_language" => I::ResponseLanguage(k.string("language")?),
-            "length_constraints:number_sentences" => {
-                I::NumberSentences { num: k.count("num_sentences")?, relation: k.relation("relation")? }
+            "length_constraints:number_sentences" => I::NumberSentences {
+                num: k.count("num_sentences")?,
+                relation: k.relation("relation")?,
+            },
+            "length_constraints:number_paragraphs" => {
+                I::NumberParagraphs(k.count("num_paragraphs")?)
             }
-            "length_constraints:number_paragraphs" => I::NumberParagraphs(k.count("num_paragraphs")?),
-            "length_constraints:number_words" => {
-                I::NumberWords { num: k.count("num_words")?, relation: k.relation("relation")? }
-            }
+            "length_constraints:number_words" => I::NumberWords {
+                num: k.count("num_words")?,
+                relation: k.relation("relation")?,
+            },
             "length_constraints:nth_paragraph_first_word" => {
                 let num_paragraphs = k.count("num_paragraphs")?;
                 let nth = k.int("nth_paragraph")?;
                 if nth <= 0 || nth > num_paragraphs {
                     return Err(bad(id, "kwarg `nth_paragraph` is out of range"));
                 }
-                I::NthParagraphFirstWord { num_paragraphs, nth, first_word: k.string("first_word")?.to_lowercase() }
+                I::NthParagraphFirstWord {
+                    num_paragraphs,
+                    nth,
+                    first_word: k.string("first_word")?.to_lowercase(),
+                }
             }
-            "detectable_content:number_placeholders" => I::Placeholders(k.count("num_placeholders")?),
-            "detectable_content:postscript" => I::Postscript(k.string("postscript_marker")?.trim().to_string()),
+            "detectable_content:number_placeholders" => {
+                I::Placeholders(k.count("num_placeholders")?)
+            }
+            "detectable_content:postscript" => {
+                I::Postscript(k.string("postscript_marker")?.trim().to_string())
+            }
             "detectable_format:number_bullet_lists" => I::BulletLists(k.count("num_bullets")?),
             "detectable_format:constrained_response" => I::ConstrainedResponse,
-            "detectable_format:number_highlighted_sections" => I::HighlightedSections(k.count("num_highlights")?),
+            "detectable_format:number_highlighted_sections" => {
+                I::HighlightedSections(k.count("num_highlights")?)
+            }
             "detectable_format:multiple_sections" => I::MultipleSections {
                 splitter: k.string("section_spliter")?.trim().to_string(),
                 num: k.count("num_sections")?,
@@ -315,23 +354,33 @@ impl Instruction {
         use Instruction as I;
         match self {
             I::KeywordsExist(kws) => kws.iter().all(|k| py_regex(k, true).is_match(value)),
-            I::KeywordFrequency { keyword, frequency, relation } => {
-                relation.holds(py_regex(keyword, true).find_iter(value).count(), *frequency)
-            }
-            I::ForbiddenWords(words) => {
-                !words.iter().any(|w| py_regex(&format!(r"\b{w}\b"), true).is_match(value))
-            }
-            I::LetterFrequency { letter, frequency, relation } => {
+            I::KeywordFrequency {
+                keyword,
+                frequency,
+                relation,
+            } => relation.holds(py_regex(keyword, true).find_iter(value).count(), *frequency),
+            I::ForbiddenWords(words) => !words
+                .iter()
+                .any(|w| py_regex(&format!(r"\b{w}\b"), true).is_match(value)),
+            I::LetterFrequency {
+                letter,
+                frequency,
+                relation,
+            } => {
                 let n = value.to_lowercase().chars().filter(|c| c == letter).count();
                 relation.holds(n, *frequency)
             }
             I::ResponseLanguage(lang) => detect_language(value).is_none_or(|l| l == lang),
-            I::NumberSentences { num, relation } => relation.holds(punkt::sentences(value).len(), *num),
+            I::NumberSentences { num, relation } => {
+                relation.holds(punkt::sentences(value).len(), *num)
+            }
             I::NumberParagraphs(n) => check_paragraphs(value, *n),
             I::NumberWords { num, relation } => relation.holds(count_words(value), *num),
-            I::NthParagraphFirstWord { num_paragraphs, nth, first_word } => {
-                check_nth_paragraph(value, *num_paragraphs, *nth, first_word)
-            }
+            I::NthParagraphFirstWord {
+                num_paragraphs,
+                nth,
+                first_word,
+            } => check_nth_paragraph(value, *num_paragraphs, *nth, first_word),
             I::Placeholders(n) => re(r"\[.*?\]").find_iter(value).count() as i64 >= *n,
             I::Postscript(marker) => {
                 let pattern = match marker.as_str() {
@@ -348,10 +397,19 @@ impl Instruction {
             }
             I::ConstrainedResponse => {
                 let v = value.trim();
-                ["My answer is yes.", "My answer is no.", "My answer is maybe."].iter().any(|o| v.contains(o))
+                [
+                    "My answer is yes.",
+                    "My answer is no.",
+                    "My answer is maybe.",
+                ]
+                .iter()
+                .any(|o| v.contains(o))
             }
             I::HighlightedSections(n) => {
-                let single = re(r"\*[^\n\*]*\*").find_iter(value).filter(|m| !m.as_str().trim_matches('*').trim().is_empty()).count();
+                let single = re(r"\*[^\n\*]*\*")
+                    .find_iter(value)
+                    .filter(|m| !m.as_str().trim_matches('*').trim().is_empty())
+                    .count();
                 let double = re(r"\*\*[^\n\*]*\*\*")
                     .find_iter(value)
                     .filter(|m| !m.as_str()[2..m.as_str().len() - 2].trim().is_empty())
@@ -370,9 +428,13 @@ impl Instruction {
                 let v = v.strip_suffix("```").unwrap_or(v).trim();
                 serde_json::from_str::<Value>(v).is_ok()
             }
-            I::Title => re(r"<<[^\n]+>>")
-                .find_iter(value)
-                .any(|m| !m.as_str().trim_start_matches('<').trim_end_matches('>').trim().is_empty()),
+            I::Title => re(r"<<[^\n]+>>").find_iter(value).any(|m| {
+                !m.as_str()
+                    .trim_start_matches('<')
+                    .trim_end_matches('>')
+                    .trim()
+                    .is_empty()
+            }),
             I::TwoResponses => {
                 let parts: Vec<&str> = value.split("******").collect();
                 let mut valid = Vec::new();
@@ -387,15 +449,28 @@ impl Instruction {
                 }
                 valid.len() == 2 && valid[0].trim() != valid[1].trim()
             }
-            I::RepeatPrompt(p) => value.trim().to_lowercase().starts_with(&p.trim().to_lowercase()),
-            I::EndChecker(end) => {
-                value.trim().trim_matches('"').to_lowercase().ends_with(&end.trim().to_lowercase())
+            I::RepeatPrompt(p) => value
+                .trim()
+                .to_lowercase()
+                .starts_with(&p.trim().to_lowercase()),
+            I::EndChecker(end) => value
+                .trim()
+                .trim_matches('"')
+                .to_lowercase()
+                .ends_with(&end.trim().to_lowercase()),
+            I::CapitalWordFrequency {
+                frequency,
+                relation,
+            } => relation.holds(
+                word_tokens(value).iter().filter(|w| py_isupper(w)).count(),
+                *frequency,
+            ),
+            I::EnglishCapital => {
+                py_isupper(value) && detect_language(value).is_none_or(|l| l == "en")
             }
-            I::CapitalWordFrequency { frequency, relation } => {
-                relation.holds(word_tokens(value).iter().filter(|w| py_isupper(w)).count(), *frequency)
+            I::EnglishLowercase => {
+                py_islower(value) && detect_language(value).is_none_or(|l| l == "en")
             }
-            I::EnglishCapital => py_isupper(value) && detect_language(value).is_none_or(|l| l == "en"),
-            I::EnglishLowercase => py_islower(value) && detect_language(value).is_none_or(|l| l == "en"),
             I::NoComma => !value.contains(','),
             I::Quotation => {
                 let v = value.trim();
@@ -446,7 +521,9 @@ fn re(pattern: &'static str) -> Regex {
     static CACHE: OnceLock<Mutex<HashMap<&'static str, Regex>>> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
     let mut map = cache.lock().unwrap_or_else(|e| e.into_inner());
-    map.entry(pattern).or_insert_with(|| Regex::new(pattern).expect("static regex")).clone()
+    map.entry(pattern)
+        .or_insert_with(|| Regex::new(pattern).expect("static regex"))
+        .clone()
 }
 
 /// A pattern from the data, used as a regular expression the way lm-eval's `re.search` does;
@@ -475,12 +552,18 @@ mod tests {
             assert!(Instruction::from_kwargs(id, &kw, None).is_ok(), "{id}");
         }
         assert!(Instruction::from_kwargs("keywords:nope", &kw, None).is_err());
-        assert!(Instruction::from_kwargs("keywords:frequency", &json!({"keyword": "a"}), None).is_err());
+        assert!(
+            Instruction::from_kwargs("keywords:frequency", &json!({"keyword": "a"}), None).is_err()
+        );
     }
 
     #[test]
     fn falsy_kwargs_are_dropped_like_lm_eval() {
-        let r = Instruction::from_kwargs("punctuation:no_comma", &json!({"keywords": null, "num_words": 0}), None);
+        let r = Instruction::from_kwargs(
+            "punctuation:no_comma",
+            &json!({"keywords": null, "num_words": 0}),
+            None,
+        );
         assert!(r.is_ok());
     }
 }

@@ -66,14 +66,22 @@ impl IfEvalVerifier {
     }
 
     /// Per-instruction verdicts for `response` under `mode`.
-    pub fn follow_list(instructions: &[Instruction], response: &str, mode: IfEvalMode) -> Vec<bool> {
+    pub fn follow_list(
+        instructions: &[Instruction],
+        response: &str,
+        mode: IfEvalMode,
+    ) -> Vec<bool> {
         let variants = match mode {
             IfEvalMode::Strict => vec![response.to_string()],
             IfEvalMode::Loose => loose_variants(response),
         };
         instructions
             .iter()
-            .map(|ins| variants.iter().any(|v| !v.trim().is_empty() && ins.check(v)))
+            .map(|ins| {
+                variants
+                    .iter()
+                    .any(|v| !v.trim().is_empty() && ins.check(v))
+            })
             .collect()
     }
 
@@ -88,13 +96,18 @@ impl IfEvalVerifier {
             .and_then(Value::as_array)
             .ok_or_else(|| bad_ref("kwargs", "missing or not a list"))?;
         if ids.len() != kwargs.len() {
-            return Err(bad_ref("kwargs", &format!("{} entries for {} instruction ids", kwargs.len(), ids.len())));
+            return Err(bad_ref(
+                "kwargs",
+                &format!("{} entries for {} instruction ids", kwargs.len(), ids.len()),
+            ));
         }
         let prompt = reference.get("prompt").and_then(Value::as_str);
         ids.iter()
             .zip(kwargs)
             .map(|(id, kw)| {
-                let id = id.as_str().ok_or_else(|| bad_ref("instruction_id_list", "non-string id"))?;
+                let id = id
+                    .as_str()
+                    .ok_or_else(|| bad_ref("instruction_id_list", "non-string id"))?;
                 Instruction::from_kwargs(id, kw, prompt)
             })
             .collect()
@@ -107,7 +120,11 @@ fn loose_variants(response: &str) -> Vec<String> {
     let join = |s: &[&str]| s.join("\n").trim().to_string();
     let remove_first = join(lines.get(1..).unwrap_or(&[]));
     let remove_last = join(&lines[..lines.len().saturating_sub(1)]);
-    let remove_both = if lines.len() >= 2 { join(&lines[1..lines.len() - 1]) } else { String::new() };
+    let remove_both = if lines.len() >= 2 {
+        join(&lines[1..lines.len() - 1])
+    } else {
+        String::new()
+    };
     let no_star = |s: &str| s.replace('*', "");
     vec![
         response.to_string(),
@@ -122,7 +139,10 @@ fn loose_variants(response: &str) -> Vec<String> {
 }
 
 fn bad_ref(field: &str, problem: &str) -> VerifyError {
-    VerifyError::BadReference { field: field.into(), problem: problem.into() }
+    VerifyError::BadReference {
+        field: field.into(),
+        problem: problem.into(),
+    }
 }
 
 impl Verifier for IfEvalVerifier {
@@ -130,7 +150,11 @@ impl Verifier for IfEvalVerifier {
         "if"
     }
 
-    fn verify(&self, reference: &Value, response: &SplitResponse<'_>) -> Result<Reward, VerifyError> {
+    fn verify(
+        &self,
+        reference: &Value,
+        response: &SplitResponse<'_>,
+    ) -> Result<Reward, VerifyError> {
         let instructions = Self::instructions(reference)?;
         let follows = match response.answer {
             Some(a) => Self::follow_list(&instructions, a, self.config.mode),
@@ -140,7 +164,11 @@ impl Verifier for IfEvalVerifier {
         let rule = if instructions.is_empty() {
             1.0
         } else if self.config.all_or_nothing {
-            if followed == instructions.len() { 1.0 } else { 0.0 }
+            if followed == instructions.len() {
+                1.0
+            } else {
+                0.0
+            }
         } else {
             followed as f32 / instructions.len() as f32
         };
@@ -149,12 +177,16 @@ impl Verifier for IfEvalVerifier {
                 reference
                     .get("rm_score")
                     .and_then(Value::as_f64)
-                    .ok_or_else(|| bad_ref("rm_score", "required when rm_weights are configured"))? as f32,
+                    .ok_or_else(|| bad_ref("rm_score", "required when rm_weights are configured"))?
+                    as f32,
             ),
             None => None,
         };
         let reward = self.combine(rule, rm.unwrap_or(0.0));
-        Ok(Reward { reward, details: json!({ "follow": follows, "rule": rule, "rm": rm }) })
+        Ok(Reward {
+            reward,
+            details: json!({ "follow": follows, "rule": rule, "rm": rm }),
+        })
     }
 }
 
@@ -170,16 +202,42 @@ mod tests {
     #[test]
     fn fraction_and_all_or_nothing() {
         let v = IfEvalVerifier::default();
-        assert_eq!(v.verify(&reference(), &split_response("\"a, b\"")).unwrap().reward, 0.5);
-        let all = IfEvalVerifier::new(IfEvalConfig { all_or_nothing: true, ..Default::default() });
-        assert_eq!(all.verify(&reference(), &split_response("\"a, b\"")).unwrap().reward, 0.0);
-        assert_eq!(all.verify(&reference(), &split_response("<think>x</think>\"a b\"")).unwrap().reward, 1.0);
-        assert_eq!(v.verify(&reference(), &split_response("<think>\"a b\"")).unwrap().reward, 0.0);
+        assert_eq!(
+            v.verify(&reference(), &split_response("\"a, b\""))
+                .unwrap()
+                .reward,
+            0.5
+        );
+        let all = IfEvalVerifier::new(IfEvalConfig {
+            all_or_nothing: true,
+            ..Default::default()
+        });
+        assert_eq!(
+            all.verify(&reference(), &split_response("\"a, b\""))
+                .unwrap()
+                .reward,
+            0.0
+        );
+        assert_eq!(
+            all.verify(&reference(), &split_response("<think>x</think>\"a b\""))
+                .unwrap()
+                .reward,
+            1.0
+        );
+        assert_eq!(
+            v.verify(&reference(), &split_response("<think>\"a b\""))
+                .unwrap()
+                .reward,
+            0.0
+        );
     }
 
     #[test]
     fn rm_combination_needs_a_score() {
-        let v = IfEvalVerifier::new(IfEvalConfig { rm_weights: Some((0.5, 0.5)), ..Default::default() });
+        let v = IfEvalVerifier::new(IfEvalConfig {
+            rm_weights: Some((0.5, 0.5)),
+            ..Default::default()
+        });
         assert!(v.verify(&reference(), &split_response("\"a b\"")).is_err());
         let mut r = reference();
         r["rm_score"] = json!(0.2);

@@ -26,12 +26,16 @@ fn params() -> &'static Params {
     P.get_or_init(|| {
         let lines = |s: &'static str| s.lines().map(str::trim).filter(|l| !l.is_empty());
         Params {
-            abbrev_types: lines(include_str!("punkt_english/abbrev_types.txt")).map(String::from).collect(),
+            abbrev_types: lines(include_str!("punkt_english/abbrev_types.txt"))
+                .map(String::from)
+                .collect(),
             collocations: lines(include_str!("punkt_english/collocations.tab"))
                 .filter_map(|l| l.split_once('\t'))
                 .map(|(a, b)| (a.to_string(), b.to_string()))
                 .collect(),
-            sent_starters: lines(include_str!("punkt_english/sent_starters.txt")).map(String::from).collect(),
+            sent_starters: lines(include_str!("punkt_english/sent_starters.txt"))
+                .map(String::from)
+                .collect(),
             ortho_context: lines(include_str!("punkt_english/ortho_context.tab"))
                 .filter_map(|l| l.rsplit_once('\t'))
                 .filter_map(|(t, v)| Some((t.to_string(), v.parse().ok()?)))
@@ -47,13 +51,35 @@ fn py_ascii_ws(c: char) -> bool {
 
 /// `_re_non_word_chars` (sentence-end chars other than `.` included).
 fn non_word(c: char) -> bool {
-    matches!(c, ')' | '"' | ';' | '}' | ']' | '*' | ':' | '@' | '\'' | '(' | '{' | '[' | '?' | '!')
-        || matches!(c, '\u{2018}' | '\u{2019}' | '\u{201c}' | '\u{201d}' | '\u{ab}' | '\u{bb}')
+    matches!(
+        c,
+        ')' | '"' | ';' | '}' | ']' | '*' | ':' | '@' | '\'' | '(' | '{' | '[' | '?' | '!'
+    ) || matches!(
+        c,
+        '\u{2018}' | '\u{2019}' | '\u{201c}' | '\u{201d}' | '\u{ab}' | '\u{bb}'
+    )
 }
 
 /// `_re_word_start`: characters a word token may start with.
 fn word_start(c: char) -> bool {
-    !matches!(c, '(' | '"' | '`' | '{' | '[' | ':' | ';' | '&' | '#' | '*' | '@' | ')' | '}' | ']' | '-' | ',')
+    !matches!(
+        c,
+        '(' | '"'
+            | '`'
+            | '{'
+            | '['
+            | ':'
+            | ';'
+            | '&'
+            | '#'
+            | '*'
+            | '@'
+            | ')'
+            | '}'
+            | ']'
+            | '-'
+            | ','
+    )
 }
 
 /// Length of `_re_multi_char_punct` (`-{2,}|\.{2,}|(?:\.\s){2,}\.`) matched at `i`, if any.
@@ -136,9 +162,20 @@ struct Token {
 impl Token {
     fn new(tok: String) -> Self {
         let lower = tok.to_lowercase();
-        let typ = if is_numeric(&lower) { "##number##".to_string() } else { lower };
+        let typ = if is_numeric(&lower) {
+            "##number##".to_string()
+        } else {
+            lower
+        };
         let period_final = tok.ends_with('.');
-        Token { tok, typ, period_final, sentbreak: false, abbr: false, ellipsis: false }
+        Token {
+            tok,
+            typ,
+            period_final,
+            sentbreak: false,
+            abbr: false,
+            ellipsis: false,
+        }
     }
 
     fn type_no_period(&self) -> &str {
@@ -227,7 +264,11 @@ fn ortho_heuristic(tok: &Token, p: &Params) -> Ortho {
     if matches!(tok.tok.as_str(), ";" | ":" | "," | "." | "!" | "?") {
         return Ortho::NotStarter;
     }
-    let ctx = p.ortho_context.get(tok.type_no_sentperiod()).copied().unwrap_or(0);
+    let ctx = p
+        .ortho_context
+        .get(tok.type_no_sentperiod())
+        .copied()
+        .unwrap_or(0);
     if tok.first_upper() && ctx & ORTHO_LC != 0 && ctx & ORTHO_MID_UC == 0 {
         return Ortho::Starter;
     }
@@ -313,7 +354,11 @@ fn period_contexts(t: &[char]) -> Vec<EndMatch> {
         }
         let j = i + 1;
         if j < t.len() && non_word(t[j]) {
-            out.push(EndMatch { start: i, next_tok: None, after_end: j + 1 });
+            out.push(EndMatch {
+                start: i,
+                next_tok: None,
+                after_end: j + 1,
+            });
             continue;
         }
         let mut k = j;
@@ -325,7 +370,11 @@ fn period_contexts(t: &[char]) -> Vec<EndMatch> {
             while e < t.len() && !t[e].is_whitespace() {
                 e += 1;
             }
-            out.push(EndMatch { start: i, next_tok: Some(k), after_end: e });
+            out.push(EndMatch {
+                start: i,
+                next_tok: Some(k),
+                after_end: e,
+            });
         }
     }
     out
@@ -341,7 +390,11 @@ fn end_contexts(t: &[char]) -> Vec<(EndMatch, String)> {
     for m in period_contexts(t) {
         let before = &t[prev_stop..m.start];
         let last_ws = before.iter().rposition(|&c| py_ascii_ws(c)).unwrap_or(0);
-        let word_start = if last_ws != 0 { last_ws + prev_stop + 1 } else { prev_start };
+        let word_start = if last_ws != 0 {
+            last_ws + prev_stop + 1
+        } else {
+            prev_start
+        };
         if let Some(pm) = previous.take() {
             if prev_stop <= word_start {
                 let ctx = s(prev_start, prev_stop) + &s(pm.start, pm.after_end);
@@ -362,7 +415,19 @@ fn end_contexts(t: &[char]) -> Vec<(EndMatch, String)> {
 /// `re_boundary_realignment.match`: closing quotes/brackets then whitespace, `--` or line end.
 fn realignment(t: &[char]) -> Option<(usize, usize)> {
     let closer = |c: char| {
-        matches!(c, '"' | '\'' | ')' | ']' | '}' | '\u{2018}' | '\u{2019}' | '\u{201c}' | '\u{201d}' | '\u{ab}' | '\u{bb}')
+        matches!(
+            c,
+            '"' | '\''
+                | ')'
+                | ']'
+                | '}'
+                | '\u{2018}'
+                | '\u{2019}'
+                | '\u{201c}'
+                | '\u{201d}'
+                | '\u{ab}'
+                | '\u{bb}'
+        )
     };
     let n = t.iter().take_while(|&&c| closer(c)).count();
     for k in 1..=n {
@@ -396,7 +461,8 @@ pub fn sentences(text: &str) -> Vec<String> {
     let mut realign = 0;
     for i in 0..slices.len() {
         let (s1, e1) = (slices[i].0 + realign, slices[i].1);
-        let piece = |a: usize, b: usize| -> String { t[a.min(b)..b.max(a).min(t.len())].iter().collect() };
+        let piece =
+            |a: usize, b: usize| -> String { t[a.min(b)..b.max(a).min(t.len())].iter().collect() };
         match slices.get(i + 1) {
             None => {
                 if s1 < e1 {
@@ -427,14 +493,24 @@ mod tests {
 
     #[test]
     fn splits_like_nltk() {
-        assert_eq!(sentences("Hello there. Mr. Smith went to Washington. He said hi! Really? Yes.").len(), 5);
+        assert_eq!(
+            sentences("Hello there. Mr. Smith went to Washington. He said hi! Really? Yes.").len(),
+            5
+        );
         assert_eq!(sentences("One. Two.").len(), 2);
         assert_eq!(sentences("(Sent1.) Sent2."), vec!["(Sent1.)", "Sent2."]);
     }
 
     #[test]
     fn word_tokens() {
-        let w = word_tokenize(&"Hello, world... (yes) don't--stop.".chars().collect::<Vec<_>>());
-        assert_eq!(w, vec!["Hello", ",", "world", "...", "(", "yes", ")", "don", "'t", "--", "stop."]);
+        let w = word_tokenize(
+            &"Hello, world... (yes) don't--stop."
+                .chars()
+                .collect::<Vec<_>>(),
+        );
+        assert_eq!(
+            w,
+            vec!["Hello", ",", "world", "...", "(", "yes", ")", "don", "'t", "--", "stop."]
+        );
     }
 }

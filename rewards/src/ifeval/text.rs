@@ -17,7 +17,9 @@ pub fn py_islower(s: &str) -> bool {
 /// IFEval's `count_words`: the number of `\w+` runs (NLTK `RegexpTokenizer(r"\w+")`).
 pub fn count_words(s: &str) -> usize {
     static RE: OnceLock<Regex> = OnceLock::new();
-    RE.get_or_init(|| Regex::new(r"\w+").expect("static regex")).find_iter(s).count()
+    RE.get_or_init(|| Regex::new(r"\w+").expect("static regex"))
+        .find_iter(s)
+        .count()
 }
 
 /// The language of `s` as an ISO 639-1 code, or `None` when it cannot be told (no letters), which
@@ -116,7 +118,9 @@ pub fn word_tokens(s: &str) -> Vec<String> {
     for sentence in super::punkt::sentences(s) {
         for piece in sentence.split_whitespace() {
             let lead: &[char] = &['(', '[', '{', '<', '"', '`', '\'', '\u{201c}'];
-            let trail: &[char] = &['.', ',', ';', ':', '!', '?', ')', ']', '}', '>', '"', '\'', '\u{201d}'];
+            let trail: &[char] = &[
+                '.', ',', ';', ':', '!', '?', ')', ']', '}', '>', '"', '\'', '\u{201d}',
+            ];
             let core = piece.trim_start_matches(lead);
             out.extend(piece[..piece.len() - core.len()].chars().map(String::from));
             let body = core.trim_end_matches(trail);
@@ -160,7 +164,10 @@ mod tests {
 
     #[test]
     fn languages() {
-        assert_eq!(detect_language("This is a perfectly ordinary English sentence about the weather."), Some("en"));
+        assert_eq!(
+            detect_language("This is a perfectly ordinary English sentence about the weather."),
+            Some("en")
+        );
         assert_eq!(detect_language("12345"), None);
     }
 }

@@ -111,15 +111,28 @@ fn parse_structure(s: &str) -> Answer {
         return Answer::Set(union.iter().map(|p| parse_structure(p)).collect());
     }
     if let Some(inner) = s.strip_prefix("\\{").and_then(|r| r.strip_suffix("\\}")) {
-        return Answer::Set(split_top(inner, ",").iter().filter(|p| !p.is_empty()).map(|p| parse_structure(p)).collect());
+        return Answer::Set(
+            split_top(inner, ",")
+                .iter()
+                .filter(|p| !p.is_empty())
+                .map(|p| parse_structure(p))
+                .collect(),
+        );
     }
     let first = s.chars().next().unwrap_or(' ');
     let last = s.chars().last().unwrap_or(' ');
-    if (first == '(' || first == '[') && (last == ')' || last == ']') && closing_of_first(s) == Some(s.len() - 1) {
+    if (first == '(' || first == '[')
+        && (last == ')' || last == ']')
+        && closing_of_first(s) == Some(s.len() - 1)
+    {
         let inner = &s[1..s.len() - 1];
         let items = split_top(inner, ",");
         if items.len() > 1 {
-            return Answer::Bracketed { open: first, close: last, items: items.iter().map(|p| parse_structure(p)).collect() };
+            return Answer::Bracketed {
+                open: first,
+                close: last,
+                items: items.iter().map(|p| parse_structure(p)).collect(),
+            };
         }
     }
     let items = split_top(s, ",");
@@ -156,7 +169,10 @@ fn parse_matrix(s: &str) -> Option<Answer> {
     for env in ["pmatrix", "bmatrix", "matrix"] {
         let open = format!("\\begin{{{env}}}");
         let close = format!("\\end{{{env}}}");
-        if let Some(body) = s.strip_prefix(open.as_str()).and_then(|r| r.strip_suffix(close.as_str())) {
+        if let Some(body) = s
+            .strip_prefix(open.as_str())
+            .and_then(|r| r.strip_suffix(close.as_str()))
+        {
             let rows = body
                 .split("\\\\")
                 .map(str::trim)
@@ -171,24 +187,40 @@ fn parse_matrix(s: &str) -> Option<Answer> {
 
 /// True when any reading of `gold` equals any reading of `pred`.
 pub fn equivalent(gold: &[Answer], pred: &[Answer]) -> bool {
-    gold.iter().any(|g| pred.iter().any(|p| answers_equal(g, p)))
+    gold.iter()
+        .any(|g| pred.iter().any(|p| answers_equal(g, p)))
 }
 
 fn answers_equal(a: &Answer, b: &Answer) -> bool {
     match (a, b) {
         (Answer::Scalar(x), Answer::Scalar(y)) => exprs_equal(x, y),
-        (Answer::Bracketed { open: o1, close: c1, items: i1 }, Answer::Bracketed { open: o2, close: c2, items: i2 }) => {
-            o1 == o2 && c1 == c2 && i1.len() == i2.len() && i1.iter().zip(i2).all(|(x, y)| answers_equal(x, y))
+        (
+            Answer::Bracketed {
+                open: o1,
+                close: c1,
+                items: i1,
+            },
+            Answer::Bracketed {
+                open: o2,
+                close: c2,
+                items: i2,
+            },
+        ) => {
+            o1 == o2
+                && c1 == c2
+                && i1.len() == i2.len()
+                && i1.iter().zip(i2).all(|(x, y)| answers_equal(x, y))
         }
         (Answer::Set(s1), Answer::Set(s2)) => same_multiset(s1, s2),
         (Answer::Matrix(m1), Answer::Matrix(m2)) => {
             m1.len() == m2.len()
-                && m1.iter().zip(m2).all(|(r1, r2)| r1.len() == r2.len() && r1.iter().zip(r2).all(|(x, y)| answers_equal(x, y)))
+                && m1.iter().zip(m2).all(|(r1, r2)| {
+                    r1.len() == r2.len() && r1.iter().zip(r2).all(|(x, y)| answers_equal(x, y))
+                })
         }
         (Answer::Text(t1), Answer::Text(t2)) => t1 == t2,
-        (Answer::Text(t), Answer::Scalar(Expr::Sym(s))) | (Answer::Scalar(Expr::Sym(s)), Answer::Text(t)) => {
-            t == &s.to_lowercase()
-        }
+        (Answer::Text(t), Answer::Scalar(Expr::Sym(s)))
+        | (Answer::Scalar(Expr::Sym(s)), Answer::Text(t)) => t == &s.to_lowercase(),
         (Answer::Raw(r1), Answer::Raw(r2)) => r1 == r2,
         _ => false,
     }
@@ -219,11 +251,17 @@ pub fn exprs_equal(a: &Expr, b: &Expr) -> bool {
     let mut symbols = BTreeSet::new();
     collect_symbols(a, &mut symbols);
     collect_symbols(b, &mut symbols);
-    let points: &[f64] = if symbols.is_empty() { &POINTS[..1] } else { &POINTS };
+    let points: &[f64] = if symbols.is_empty() {
+        &POINTS[..1]
+    } else {
+        &POINTS
+    };
     let mut compared = 0;
     for &base in points {
         let value_of = |name: &str| {
-            let h = name.bytes().fold(0u32, |h, c| h.wrapping_mul(31).wrapping_add(c as u32));
+            let h = name
+                .bytes()
+                .fold(0u32, |h, c| h.wrapping_mul(31).wrapping_add(c as u32));
             base + f64::from(h % 97) / 53.0
         };
         let (x, y) = (eval(a, &value_of), eval(b, &value_of));
@@ -321,7 +359,10 @@ mod tests {
         assert!(eq(r"\{1, 2, 3\}", r"\{3, 2, 1\}"));
         assert!(!eq("(1, 2)", "(2, 1)"));
         assert!(!eq("(1, 2)", "[1, 2]"));
-        assert!(eq(r"(-\infty,-1)\cup(6,+\infty)", r"(6,\infty)\cup(-\infty,-1)"));
+        assert!(eq(
+            r"(-\infty,-1)\cup(6,+\infty)",
+            r"(6,\infty)\cup(-\infty,-1)"
+        ));
         assert!(eq(r"\pm 3", "3, -3"));
         assert!(eq("x = 5", "5"));
         assert!(eq(r"x^2+2x+1", "(x+1)^2"));

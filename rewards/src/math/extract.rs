@@ -10,7 +10,9 @@ use regex::Regex;
 pub fn last_boxed(text: &str) -> Option<&str> {
     let mut best: Option<(usize, &str)> = None;
     for cmd in ["\\boxed", "\\fbox"] {
-        let Some(start) = text.rfind(cmd) else { continue };
+        let Some(start) = text.rfind(cmd) else {
+            continue;
+        };
         if best.is_some_and(|(pos, _)| pos > start) {
             continue;
         }
@@ -19,7 +21,9 @@ pub fn last_boxed(text: &str) -> Option<&str> {
             balanced_prefix(inner)
         } else if let Some(spaced) = rest.strip_prefix(' ') {
             // `\boxed 5`: the argument runs to the next `$` or whitespace.
-            let end = spaced.find(|c: char| c == '$' || c.is_whitespace()).unwrap_or(spaced.len());
+            let end = spaced
+                .find(|c: char| c == '$' || c.is_whitespace())
+                .unwrap_or(spaced.len());
             Some(&spaced[..end])
         } else {
             None
@@ -74,7 +78,10 @@ mod tests {
 
     #[test]
     fn nested_braces_and_last_box() {
-        assert_eq!(last_boxed(r"\boxed{1} then \boxed{\frac{1}{2}}."), Some(r"\frac{1}{2}"));
+        assert_eq!(
+            last_boxed(r"\boxed{1} then \boxed{\frac{1}{2}}."),
+            Some(r"\frac{1}{2}")
+        );
         assert_eq!(last_boxed(r"$\boxed{\{1, 2\}}$"), Some(r"\{1, 2\}"));
         assert_eq!(last_boxed(r"\boxed 5$"), Some("5"));
         assert_eq!(last_boxed(r"\boxed{unclosed"), None);

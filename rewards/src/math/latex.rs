@@ -86,8 +86,8 @@ pub fn normalize(raw: &str) -> String {
         }
         s = head;
     }
-    let thousands =
-        THOUSANDS.get_or_init(|| Regex::new(r"^-?\d{1,3}(,\d{3})+(\.\d+)?$").expect("static regex"));
+    let thousands = THOUSANDS
+        .get_or_init(|| Regex::new(r"^-?\d{1,3}(,\d{3})+(\.\d+)?$").expect("static regex"));
     if thousands.is_match(&s) {
         s = s.replace(',', "");
     }
@@ -107,7 +107,11 @@ pub fn as_text(s: &str) -> Option<String> {
         }
         None => s,
     };
-    let t = inner.trim().trim_start_matches('(').trim_end_matches(')').trim();
+    let t = inner
+        .trim()
+        .trim_start_matches('(')
+        .trim_end_matches(')')
+        .trim();
     let wordy = !t.is_empty() && t.chars().all(|c| c.is_alphabetic() || c == ' ' || c == '-');
     wordy.then(|| t.to_lowercase())
 }
@@ -120,7 +124,9 @@ fn tokenize(s: &str) -> Option<Vec<Tok>> {
         let c = chars[i];
         if c.is_whitespace() {
             i += 1;
-        } else if c.is_ascii_digit() || (c == '.' && chars.get(i + 1).is_some_and(|d| d.is_ascii_digit())) {
+        } else if c.is_ascii_digit()
+            || (c == '.' && chars.get(i + 1).is_some_and(|d| d.is_ascii_digit()))
+        {
             let start = i;
             while i < chars.len() && (chars[i].is_ascii_digit() || chars[i] == '.') {
                 i += 1;
@@ -176,7 +182,9 @@ struct Parser {
     pos: usize,
 }
 
-const FUNCS: [&str; 9] = ["sin", "cos", "tan", "ln", "exp", "arcsin", "arccos", "arctan", "cot"];
+const FUNCS: [&str; 9] = [
+    "sin", "cos", "tan", "ln", "exp", "arcsin", "arccos", "arctan", "cot",
+];
 
 impl Parser {
     fn peek(&self) -> Option<&Tok> {
@@ -203,7 +211,11 @@ impl Parser {
                 break;
             }
         }
-        Some(if terms.len() == 1 { terms.pop()? } else { Expr::Add(terms) })
+        Some(if terms.len() == 1 {
+            terms.pop()?
+        } else {
+            Expr::Add(terms)
+        })
     }
 
     fn term(&mut self) -> Option<Expr> {
@@ -242,7 +254,11 @@ impl Parser {
                 _ => break,
             }
         }
-        Some(if factors.len() == 1 { factors.pop()? } else { Expr::Mul(factors) })
+        Some(if factors.len() == 1 {
+            factors.pop()?
+        } else {
+            Expr::Mul(factors)
+        })
     }
 
     fn unary(&mut self) -> Option<Expr> {
@@ -307,7 +323,11 @@ impl Parser {
         match tok {
             Tok::Num(n) => Some(Expr::Num(n)),
             Tok::Ident(name) => {
-                let base = if name == "e" { Expr::Num(std::f64::consts::E) } else { Expr::Sym(name) };
+                let base = if name == "e" {
+                    Expr::Num(std::f64::consts::E)
+                } else {
+                    Expr::Sym(name)
+                };
                 if self.eat_op('_') {
                     // Subscripted symbol `x_1` / `a_{n}`: one symbol.
                     let sub = match self.peek()?.clone() {
@@ -345,7 +365,11 @@ impl Parser {
                 Some(Expr::Mul(vec![num, recip(den)]))
             }
             "sqrt" => {
-                let index = if self.eat_op('[') { Some(self.group(']')?) } else { None };
+                let index = if self.eat_op('[') {
+                    Some(self.group(']')?)
+                } else {
+                    None
+                };
                 let radicand = self.arg()?;
                 Some(match index {
                     None => Expr::Func("sqrt", Box::new(radicand)),
@@ -365,7 +389,11 @@ impl Parser {
                 self.eat_op('}').then_some(Expr::Sym(name))
             }
             "log" => {
-                let base = if self.eat_op('_') { self.arg()? } else { Expr::Num(10.0) };
+                let base = if self.eat_op('_') {
+                    self.arg()?
+                } else {
+                    Expr::Num(10.0)
+                };
                 let arg = self.power()?;
                 Some(Expr::Log(Box::new(base), Box::new(arg)))
             }
@@ -417,7 +445,10 @@ fn starts_primary(t: &Tok) -> bool {
     match t {
         Tok::Num(_) | Tok::Ident(_) => true,
         Tok::Op(c) => *c == '(' || *c == '{',
-        Tok::Cmd(c) => !matches!(c.as_str(), "cdot" | "times" | "div" | "{" | "}" | "%" | "cup" | "pm"),
+        Tok::Cmd(c) => !matches!(
+            c.as_str(),
+            "cdot" | "times" | "div" | "{" | "}" | "%" | "cup" | "pm"
+        ),
     }
 }
 

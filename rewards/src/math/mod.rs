@@ -26,7 +26,11 @@ pub struct MathConfig {
 
 impl Default for MathConfig {
     fn default() -> Self {
-        Self { answer_is_fallback: false, percent_equivalence: true, language_switch_penalty: None }
+        Self {
+            answer_is_fallback: false,
+            percent_equivalence: true,
+            language_switch_penalty: None,
+        }
     }
 }
 
@@ -45,7 +49,10 @@ impl MathVerifier {
     /// Whether `predicted` (an extracted answer) is equivalent to `gold`.
     pub fn answers_match(&self, gold: &str, predicted: &str) -> bool {
         let pct = self.config.percent_equivalence;
-        equiv::equivalent(&equiv::parse_answer(gold, pct), &equiv::parse_answer(predicted, pct))
+        equiv::equivalent(
+            &equiv::parse_answer(gold, pct),
+            &equiv::parse_answer(predicted, pct),
+        )
     }
 
     /// The final answer in `answer_text` (last box, or the configured fallback).
@@ -65,21 +72,33 @@ impl Verifier for MathVerifier {
         "math"
     }
 
-    fn verify(&self, reference: &serde_json::Value, response: &SplitResponse<'_>) -> Result<Reward, VerifyError> {
+    fn verify(
+        &self,
+        reference: &serde_json::Value,
+        response: &SplitResponse<'_>,
+    ) -> Result<Reward, VerifyError> {
         let gold = match reference.get("answer") {
             Some(serde_json::Value::String(s)) => s.clone(),
             Some(serde_json::Value::Number(n)) => n.to_string(),
             Some(_) => return Err(bad("must be a string or a number")),
             None => return Err(bad("missing")),
         };
-        let gold_inner = extract::last_boxed(&gold).map(str::to_string).unwrap_or(gold.clone());
+        let gold_inner = extract::last_boxed(&gold)
+            .map(str::to_string)
+            .unwrap_or(gold.clone());
         let Some(text) = response.answer else {
-            return Ok(Reward { reward: 0.0, details: json!({"extracted": null, "reason": "no final answer"}) });
+            return Ok(Reward {
+                reward: 0.0,
+                details: json!({"extracted": null, "reason": "no final answer"}),
+            });
         };
         let extracted = self.extract(text);
         let correct = extracted.is_some_and(|p| self.answers_match(&gold_inner, p));
         let mut reward = if correct { 1.0 } else { 0.0 };
-        let switched = self.config.language_switch_penalty.map(|_| switches_script(text));
+        let switched = self
+            .config
+            .language_switch_penalty
+            .map(|_| switches_script(text));
         if let (Some(penalty), Some(true)) = (self.config.language_switch_penalty, switched) {
             reward -= penalty;
         }
@@ -96,7 +115,10 @@ impl Verifier for MathVerifier {
 }
 
 fn bad(problem: &str) -> VerifyError {
-    VerifyError::BadReference { field: "answer".into(), problem: problem.into() }
+    VerifyError::BadReference {
+        field: "answer".into(),
+        problem: problem.into(),
+    }
 }
 
 /// Writing systems told apart by the language-switch check.
@@ -161,29 +183,46 @@ mod tests {
 
     fn score(cfg: MathConfig, answer: &str, response: &str) -> f32 {
         let v = MathVerifier::new(cfg);
-        v.verify(&json!({"answer": answer}), &split_response(response)).unwrap().reward
+        v.verify(&json!({"answer": answer}), &split_response(response))
+            .unwrap()
+            .reward
     }
 
     #[test]
     fn boxed_after_think_only() {
         let cfg = MathConfig::default();
-        assert_eq!(score(cfg.clone(), "4", "<think>\\boxed{4}</think> so \\boxed{5}"), 0.0);
-        assert_eq!(score(cfg.clone(), "4", "<think>hmm</think> \\boxed{4}"), 1.0);
+        assert_eq!(
+            score(cfg.clone(), "4", "<think>\\boxed{4}</think> so \\boxed{5}"),
+            0.0
+        );
+        assert_eq!(
+            score(cfg.clone(), "4", "<think>hmm</think> \\boxed{4}"),
+            1.0
+        );
         assert_eq!(score(cfg.clone(), "4", "<think>\\boxed{4}"), 0.0);
         assert_eq!(score(cfg, "4", "The answer is 4."), 0.0);
     }
 
     #[test]
     fn answer_is_fallback_when_configured() {
-        let cfg = MathConfig { answer_is_fallback: true, ..MathConfig::default() };
+        let cfg = MathConfig {
+            answer_is_fallback: true,
+            ..MathConfig::default()
+        };
         assert_eq!(score(cfg, "4", "The answer is 4."), 1.0);
     }
 
     #[test]
     fn language_switch_penalty() {
-        let cfg = MathConfig { language_switch_penalty: Some(0.5), ..MathConfig::default() };
+        let cfg = MathConfig {
+            language_switch_penalty: Some(0.5),
+            ..MathConfig::default()
+        };
         assert_eq!(score(cfg.clone(), "4", "So the result is \\boxed{4}"), 1.0);
-        assert_eq!(score(cfg, "4", "So the result 答案是四个 is \\boxed{4}"), 0.5);
+        assert_eq!(
+            score(cfg, "4", "So the result 答案是四个 is \\boxed{4}"),
+            0.5
+        );
         assert!(!switches_script("The value of $\\alpha$ is \\boxed{4}"));
     }
 
@@ -191,6 +230,11 @@ mod tests {
     fn bad_reference_is_an_error() {
         let v = MathVerifier::default();
         assert!(v.verify(&json!({}), &split_response("\\boxed{1}")).is_err());
-        assert!(v.verify(&json!({"answer": 12}), &split_response("\\boxed{12}")).unwrap().reward == 1.0);
+        assert!(
+            v.verify(&json!({"answer": 12}), &split_response("\\boxed{12}"))
+                .unwrap()
+                .reward
+                == 1.0
+        );
     }
 }
