@@ -128,7 +128,7 @@ impl CudaSampler {
             return Err(SamplerError::Vocab(vocab));
         }
         let rows = keys.len() / 3;
-        if logits.len() != rows * vocab || keys.len() % 3 != 0 {
+        if logits.len() != rows * vocab || rows * 3 != keys.len() {
             return Err(SamplerError::Shape {
                 len: logits.len(),
                 rows,

@@ -13,3 +13,13 @@ pub const NVRTC_OPTIONS: &[&str] = &["--fmad=false", "--std=c++17"];
 
 /// Threads per block of `sample_rows` (must match `THREADS` in `sampler.cu`).
 pub const THREADS: u32 = 1024;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_size_matches_the_kernel() {
+        assert!(SAMPLER_CU.contains(&format!("#define THREADS {THREADS}\n")));
+    }
+}

@@ -175,6 +175,7 @@ __device__ unsigned long long block_exclusive_scan(unsigned long long v, Shared&
 __device__ void threshold(const float* row, unsigned int vocab, float max_logit, float inv_t,
                           int by_mass, unsigned long long target, unsigned int min_key,
                           Shared& sh) {
+    __syncthreads();  // the caller may still be reading sh.prefix / sh.kept_mass of a previous call
     if (threadIdx.x == 0) { sh.prefix = 0; sh.above_count = 0; sh.above_mass = 0; sh.found = 1; }
     for (int level = 0; level < 4; ++level) {
         int shift = 24 - 8 * level;
@@ -222,8 +223,8 @@ __device__ void threshold(const float* row, unsigned int vocab, float max_logit,
         __syncthreads();
         if (!sh.found) break;
     }
-    if (!by_mass && sh.found) {
-        // Top-k: the mass above the last digit was not accumulated; sum the kept mass directly.
+    if (!by_mass) {
+        // Top-k accumulated no masses per bin: sum the kept mass directly.
         unsigned int key = sh.prefix;
         unsigned long long local = 0;
         for (unsigned int i = threadIdx.x; i < vocab; i += THREADS) {
