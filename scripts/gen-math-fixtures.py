@@ -76,6 +76,24 @@ HAND = [
     (r"\pm 3", [r"3, -3", r"-3,3"], ["3"]),
 ]
 
+# Probes of behaviour at the edges (rounding, notation, structure), labelled by math-verify alone:
+# (gold, response boxed contents).
+PROBES = [
+    (r"\frac{1}{3}", "0.333"), (r"\frac{1}{3}", "0.3333333"), (r"\frac{1}{3}", "0.33"),
+    ("3", "3.0000001"), ("3", "012"), ("1000", "1 000"), ("1000", r"1\,000"),
+    (r"\frac{\sqrt{2}}{2}", "0.7071"), (r"3\sqrt{3}", "5.196"), ("e", "2.718"),
+    (r"10\%", "0.1"), ("10", r"10\%"), ("0.1", r"10\%"), ("5", r"5 \text{ meters}"),
+    (r"[1, 2]", r"x \in [1, 2]"), ("2, 3", "a = 2, b = 3"), ("(1, 2)", "1, 2"), (r"\{1, 2\}", "1, 2"),
+    ("1, 2", "(1, 2)"), (r"\emptyset", r"\{\}"), (r"-\frac{1}{2}", r"\frac{1}{-2}"),
+    (r"\frac{2}{x}", "2x^{-1}"), (r"\sin x", r"\sin(x)"), (r"\log 100", "2"), ("1.5", r"1\frac{1}{2}"),
+    ("0.1", r"\frac{1}{10}"), (r"\text{(A)}", "A)"), (r"\textbf{(A)}", "(A)"), ("4", "four"),
+    ("y=-x+1", "x+y=1"), (r"\dfrac{3}{2}", "1.50"), ("x^2", r"x \cdot x"), (r"\pi", "3.14159265"),
+    (r"\sqrt{2}", "1.41421356"), (r"\frac{7}{2}", "3.5"), ("2", r"\sqrt{4}"), ("-2", r"\pm 2"),
+    (r"\frac{1}{2}", "1:2"), ("2", "2.00"), ("100", r"100\%"), (r"(0, \infty)", r"(0, +\infty)"),
+    (r"x \ge 2", r"[2, \infty)"), ("5", "5.5"), ("24", "4!"), (r"\binom{5}{2}", "10"),
+    (r"\text{Evelyn}", "Evelyn"), ("180", r"\pi"), (r"\frac{5}{6}", r"\frac{10}{12}"),
+]
+
 
 def boxed_response(content, i):
     """A response with reasoning before the boxed answer (varied wording)."""
@@ -145,6 +163,8 @@ def main():
             add("hand", gold, f"${gold}$", c, "equivalent")
         for c in wrongs:
             add("hand", gold, f"${gold}$", c, "wrong")
+    for gold, content in PROBES:
+        add("probe", gold, f"${gold}$", content, "probe")
     with open(args.out, "w") as f:
         f.write(json.dumps({"generator": "scripts/gen-math-fixtures.py",
                             "math_verify": getattr(math_verify, "__version__", "0.9.0"),

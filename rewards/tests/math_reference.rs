@@ -12,7 +12,13 @@ use cascade_rewards::{split_response, MathVerifier, Verifier};
 use serde_json::{json, Value};
 
 /// Known disagreements: (gold, boxed content of the response, math-verify's verdict, reason).
-const ALLOWED: &[(&str, &str, bool, &str)] = &[];
+const ALLOWED: &[(&str, &str, bool, &str)] = &[(
+    "1000",
+    r"1\,000",
+    false,
+    "deliberate: `\\,` is a thin space, the usual LaTeX thousands separator, and we drop it \
+     (1\\,000 = 1000); math-verify does not treat it as a separator and rejects the pair",
+)];
 
 fn fixture() -> Result<Vec<Value>> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -26,6 +26,9 @@ pub enum Answer {
     Matrix(Vec<Vec<Answer>>),
     /// A text answer, normalised (lowercase, no parentheses).
     Text(String),
+    /// An equation `lhs = rhs` with scalar sides (`x + y = 1`, `y = 2x + 3`). One whose left side
+    /// is a lone symbol also equals its right side alone (`x = 5` is `5`).
+    Equation(Expr, Expr),
     /// Anything else: the normalised LaTeX with whitespace removed, compared literally.
     Raw(String),
 }
@@ -139,10 +142,38 @@ fn parse_structure(s: &str) -> Answer {
     if items.len() > 1 {
         return Answer::Set(items.iter().map(|p| parse_structure(p)).collect());
     }
-    // `x = 5`, `y = 2x + 3`: an equation with a lone symbol on the left means its right side.
+    // `x = 5`, `y = 2x + 3`: an equation with a lone symbol on the left means its right side;
+    // `x \in [1, 2]` means the set.
+    for rel in ["=", "\\in"] {
+        let sides = split_top(s, rel);
+        if sides.len() == 2 && is_lone_symbol(&sides[0]) {
+            return match (rel, parse_structure(&sides[1]), parse_expr(&sides[0])) {
+                ("=", Answer::Scalar(rhs), Some(sym)) => Answer::Equation(sym, rhs),
+                (_, other, _) => other,
+            };
+        }
+    }
     let sides = split_top(s, "=");
-    if sides.len() == 2 && is_lone_symbol(&sides[0]) {
-        return parse_structure(&sides[1]);
+    if sides.len() == 2 {
+        if let (Some(l), Some(r)) = (parse_expr(&sides[0]), parse_expr(&sides[1])) {
+            return Answer::Equation(l, r);
+        }
+    }
+    if let Some(interval) = inequality(s) {
+        return interval;
+    }
+    // A ratio `a:b` is the fraction a/b.
+    let ratio = split_top(s, ":");
+    if ratio.len() == 2 {
+        if let (Some(a), Some(b)) = (parse_expr(&ratio[0]), parse_expr(&ratio[1])) {
+            return Answer::Scalar(Expr::Mul(vec![
+                a,
+                Expr::Pow(Box::new(b), Box::new(Expr::Num(-1.0))),
+            ]));
+        }
+    }
+    if matches!(s, "\\emptyset" | "\\varnothing" | "\\{\\}") {
+        return Answer::Set(Vec::new());
     }
     if let Some(rest) = s.strip_prefix("\\pm") {
         if let Some(e) = parse_expr(rest) {
@@ -159,6 +190,51 @@ fn parse_structure(s: &str) -> Answer {
         Some(e) => Answer::Scalar(e),
         None => Answer::Raw(s.chars().filter(|c| !c.is_whitespace()).collect()),
     }
+}
+
+/// `x \ge a`, `x < a`, `a \le x`, ...: the interval of the lone symbol's values.
+fn inequality(s: &str) -> Option<Answer> {
+    let inf = || Answer::Scalar(Expr::Num(f64::INFINITY));
+    let ninf = || Answer::Scalar(Expr::Num(f64::NEG_INFINITY));
+    // (operator, symbol-on-left reading: lower bound?, closed?)
+    for (op, lower, closed) in [
+        ("\\geq", true, true),
+        ("\\ge", true, true),
+        (">=", true, true),
+        ("\\leq", false, true),
+        ("\\le", false, true),
+        ("<=", false, true),
+        (">", true, false),
+        ("<", false, false),
+    ] {
+        let sides = split_top(s, op);
+        if sides.len() != 2 {
+            continue;
+        }
+        let (sym_left, bound) = if is_lone_symbol(&sides[0]) {
+            (true, &sides[1])
+        } else if is_lone_symbol(&sides[1]) {
+            (false, &sides[0])
+        } else {
+            return None;
+        };
+        let b = Answer::Scalar(parse_expr(bound)?);
+        let lower = lower == sym_left;
+        return Some(if lower {
+            Answer::Bracketed {
+                open: if closed { '[' } else { '(' },
+                close: ')',
+                items: vec![b, inf()],
+            }
+        } else {
+            Answer::Bracketed {
+                open: '(',
+                close: if closed { ']' } else { ')' },
+                items: vec![ninf(), b],
+            }
+        });
+    }
+    None
 }
 
 fn is_lone_symbol(s: &str) -> bool {
@@ -212,6 +288,33 @@ fn answers_equal(a: &Answer, b: &Answer) -> bool {
                 && i1.iter().zip(i2).all(|(x, y)| answers_equal(x, y))
         }
         (Answer::Set(s1), Answer::Set(s2)) => same_multiset(s1, s2),
+        // A bare list and a parenthesised one name the same answer (math-verify agrees).
+        (
+            Answer::Set(s1),
+            Answer::Bracketed {
+                open: '(',
+                close: ')',
+                items,
+            },
+        )
+        | (
+            Answer::Bracketed {
+                open: '(',
+                close: ')',
+                items,
+            },
+            Answer::Set(s1),
+        ) => same_multiset(s1, items),
+        (Answer::Equation(l1, r1), Answer::Equation(l2, r2)) => {
+            let d1 = difference(l1, r1);
+            let d2 = difference(l2, r2);
+            let lone = matches!((l1, l2), (Expr::Sym(_), Expr::Sym(_)));
+            exprs_equal(&d1, &d2)
+                || exprs_equal(&d1, &Expr::Mul(vec![Expr::Num(-1.0), d2]))
+                || (lone && exprs_equal(r1, r2))
+        }
+        (Answer::Equation(Expr::Sym(_), rhs), Answer::Scalar(x))
+        | (Answer::Scalar(x), Answer::Equation(Expr::Sym(_), rhs)) => exprs_equal(rhs, x),
         (Answer::Matrix(m1), Answer::Matrix(m2)) => {
             m1.len() == m2.len()
                 && m1.iter().zip(m2).all(|(r1, r2)| {
@@ -224,6 +327,10 @@ fn answers_equal(a: &Answer, b: &Answer) -> bool {
         (Answer::Raw(r1), Answer::Raw(r2)) => r1 == r2,
         _ => false,
     }
+}
+
+fn difference(l: &Expr, r: &Expr) -> Expr {
+    Expr::Add(vec![l.clone(), Expr::Mul(vec![Expr::Num(-1.0), r.clone()])])
 }
 
 /// Unordered comparison with multiplicity: each element of `a` pairs with a distinct one of `b`.
@@ -275,12 +382,23 @@ pub fn exprs_equal(a: &Expr, b: &Expr) -> bool {
             if x != y {
                 return false;
             }
-        } else if (x - y).abs() > 1e-8 * x.abs().max(y.abs()).max(1.0) {
+        } else if (x - y).abs() > 1e-8 * x.abs().max(y.abs()).max(1.0)
+            && !(symbols.is_empty()
+                && x.fract() != 0.0
+                && y.fract() != 0.0
+                && round6(x) == round6(y))
+        {
             return false;
         }
         compared += 1;
     }
     compared > 0
+}
+
+/// Rounding to 6 decimal places, as math-verify does (`float_rounding=6`) when it compares two
+/// non-integers numerically (an integer it compares exactly: 3 != 3.0000001).
+fn round6(x: f64) -> f64 {
+    (x * 1e6).round() / 1e6
 }
 
 fn collect_symbols(e: &Expr, out: &mut BTreeSet<String>) {
@@ -369,5 +487,14 @@ mod tests {
         assert!(!eq(r"x^2+2x+1", "(x-1)^2"));
         assert!(eq(r"\text{(C)}", "C"));
         assert!(!eq(r"\text{(C)}", "D"));
+        assert!(eq("y=-x+1", "x+y=1"));
+        assert!(!eq("x = 5", "x = -5"));
+        assert!(eq(r"x \ge 2", r"[2, \infty)"));
+        assert!(eq(r"x \in [1, 2]", "[1,2]"));
+        assert!(eq(r"\emptyset", r"\{\}"));
+        assert!(eq(r"\binom{5}{2}", "10"));
+        assert!(eq(r"\frac{1}{2}", "1:2"));
+        assert!(eq(r"\frac{1}{3}", "0.3333333"));
+        assert!(!eq("3", "3.0000001"));
     }
 }

@@ -388,6 +388,18 @@ impl Parser {
                 }
                 self.eat_op('}').then_some(Expr::Sym(name))
             }
+            "binom" | "dbinom" | "tbinom" => {
+                // n! / (k! (n-k)!)
+                let n = self.arg()?;
+                let k = self.arg()?;
+                let fact = |e: Expr| Expr::Factorial(Box::new(e));
+                let n_minus_k = Expr::Add(vec![n.clone(), neg(k.clone())]);
+                Some(Expr::Mul(vec![
+                    fact(n),
+                    recip(fact(k)),
+                    recip(fact(n_minus_k)),
+                ]))
+            }
             "log" => {
                 let base = if self.eat_op('_') {
                     self.arg()?
