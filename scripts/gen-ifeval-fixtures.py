@@ -324,6 +324,44 @@ C.append((["detectable_format:title", "startend:end_checker"], [{}, {"end_phrase
           "Sure, here it is:\n<<Title>>\nBody\n*Bye*"))
 
 
+# Texts for a direct check of the sentence splitter (NLTK Punkt, English) and of the capital-word
+# count (nltk.word_tokenize + str.isupper) that IFEval's checks use.
+PUNKT_TEXTS = [
+    LOREM, ESSAY[:400],
+    "Mr. Smith met Dr. Jones at 5 p.m. on Friday. They talked.",
+    "Version 2.5 shipped. It costs $3.50 now. See the U.S. site.",
+    "He said \"Stop.\" Then he left. (This was odd.) Nobody followed!",
+    "Wait... what? No way!! Really?! Yes.",
+    "The list:\n1. apples\n2. pears\n3. plums\nThat is all.",
+    "I met J. R. R. Tolkien once. He was kind.",
+    "See e.g. the appendix. Also i.e. the notes. Done.",
+    "Prices rose 3.5% in Jan. and Feb. Analysts were surprised.",
+    "It was late at night.\n\nThe next day was sunny. Birds sang.",
+    "What time is it? It's 10 a.m. Let's go.",
+    "The U.S.A. is large. Canada is larger.",
+    "Call me at 555-1234. Or email me@example.com. Thanks.",
+    "She arrived on Jan. 5. The meeting began at noon.",
+    "A sentence without a final period",
+    "ALL CAPS SENTENCE HERE. ANOTHER ONE! AND A THIRD?",
+    "Section 1. Introduction. Section 2. Methods.",
+    "'Quoted start.' Another sentence. \u201cCurly quotes.\u201d Final one.",
+    "Numbers: 1. 2. 3. Done.",
+    "The St. Louis Cardinals won. Gen. Grant agreed. Prof. Lee did not.",
+    "i don't know. maybe tomorrow. who knows",
+    "Use the --verbose flag. Then run it again -- carefully.",
+    "He scored 9.5/10. Amazing. Truly amazing...",
+    "First line\nSecond line\nThird line.",
+    "Dear [name],\n\nThanks for your order. It ships soon.\n\nP.S. Check your inbox.",
+    "* bullet one.\n* bullet two.\n* bullet three.",
+    "<<Title>>\nThe body. More body.",
+    "It cost 10 dollars (approx.). Then it rose.",
+    "The end. THE END. The End!",
+    "This is VERY IMPORTANT. DON'T STOP NOW. I'M SERIOUS, OK?",
+    "The NASA-led mission (with ESA) launched in the U.K. region; NATO watched.",
+    "e.g. this starts lowercase. So does i.e. this one.",
+]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=OUT)
@@ -334,6 +372,17 @@ def main():
         assert instructions_util.count_sentences("One. Two.") == 2
         print("ok")
         return
+    import nltk
+    from lm_eval.tasks.ifeval import instructions_util
+    tok = instructions_util._get_sentence_tokenizer()
+    punkt_out = os.path.join(os.path.dirname(args.out), "punkt.jsonl")
+    with open(punkt_out, "w") as f:
+        f.write(json.dumps({"generator": "scripts/gen-ifeval-fixtures.py", "nltk": nltk.__version__}) + "\n")
+        for text in PUNKT_TEXTS:
+            words = nltk.word_tokenize(text)
+            f.write(json.dumps({"text": text, "sentences": tok.tokenize(text),
+                                "capital_words": sum(1 for w in words if w.isupper()),
+                                "word_tokens": words}, ensure_ascii=False) + "\n")
     rows = []
     for key, (ids, kwargs, prompt, response) in enumerate(C):
         inp = ifeval_utils.InputExample(key=key, instruction_id_list=ids, prompt=prompt, kwargs=kwargs)

@@ -161,3 +161,58 @@ fn agrees_with_lm_eval() -> Result<()> {
     );
     Ok(())
 }
+
+/// Known splitter/tokenizer disagreements: (text, what differs, reason).
+const PUNKT_ALLOWED: &[(&str, &str, &str)] = &[];
+
+/// Our Punkt port against NLTK's sentences, and our capital-word count against
+/// `nltk.word_tokenize` + `str.isupper`, on `tests/fixtures/rewards/ifeval/punkt.jsonl`.
+#[test]
+fn sentence_splitter_and_capital_words_match_nltk() -> Result<()> {
+    use cascade_rewards::ifeval::{punkt, text};
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/rewards/ifeval/punkt.jsonl");
+    let raw =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let mut problems = Vec::new();
+    let mut n = 0;
+    for line in raw.lines().skip(1) {
+        let row: Value = serde_json::from_str(line)?;
+        let t = row["text"].as_str().context("text")?;
+        let expected: Vec<String> = serde_json::from_value(row["sentences"].clone())?;
+        n += 1;
+        if punkt::sentences(t) != expected {
+            problems.push((
+                t.to_string(),
+                "sentences",
+                format!("{:?} vs nltk {:?}", punkt::sentences(t), expected),
+            ));
+        }
+        let caps = text::word_tokens(t)
+            .iter()
+            .filter(|w| text::py_isupper(w))
+            .count();
+        let want = row["capital_words"].as_u64().context("capital_words")? as usize;
+        if caps != want {
+            problems.push((
+                t.to_string(),
+                "capital_words",
+                format!("{caps} vs nltk {want}"),
+            ));
+        }
+    }
+    assert!(n >= 30, "only {n} texts");
+    let unexplained: Vec<_> = problems
+        .iter()
+        .filter(|(t, what, _)| {
+            !PUNKT_ALLOWED
+                .iter()
+                .any(|(at, aw, _)| at == t && aw == what)
+        })
+        .collect();
+    assert!(
+        unexplained.is_empty(),
+        "differences from NLTK not on the allow-list:\n{unexplained:#?}"
+    );
+    Ok(())
+}
