@@ -1,0 +1,358 @@
+//! The decoder-only language model shared by Qwen3, Qwen2 and Llama.
+
+use std::collections::HashMap;
+
+use candle_core::{DType, Device, Module, Tensor};
+
+use super::config::ModelConfig;
+use super::layers::{apply_rotary, gather_logprobs, softmax_last, Linear, Mlp, OpsMode, Rotary, RmsNorm};
+use super::weights::parameter_shapes;
+use super::{ModelError, Result};
+
+/// Where a layer finds and stores keys/values during a forward pass.
+pub(crate) enum KvMode<'a> {
+    /// Attend over this call's own keys/values only (full-sequence forward).
+    Own,
+    /// Attend over this call's keys/values and return them (prefill of a decode batch).
+    OwnAndReturn(&'a mut Vec<(Tensor, Tensor)>),
+    /// Write this call's keys/values into per-layer buffers `(b, kv_heads, capacity, hd)` at
+    /// column `offset`, then attend over columns `0..offset + s`.
+    Buffers { layers: &'a [(Tensor, Tensor)], offset: usize },
+}
+
+#[derive(Debug, Clone)]
+struct Attention {
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
+    n_heads: usize,
+    n_kv: usize,
+    head_dim: usize,
+}
+
+impl Attention {
+    /// `x`: `(b, s, hidden)`; `bias`: `(b, 1, s, keys)` additive mask (0 or -inf).
+    fn forward(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        bias: &Tensor,
+        mode: OpsMode,
+        kv: (&mut KvMode<'_>, usize),
+    ) -> Result<Tensor> {
+        let (b, s, _) = x.dims3()?;
+        let (hd, nh, nkv) = (self.head_dim, self.n_heads, self.n_kv);
+        // 1. Projections: (b, s, heads, hd).
+        let q = self.q.forward(x)?.reshape((b, s, nh, hd))?;
+        let k = self.k.forward(x)?.reshape((b, s, nkv, hd))?;
+        let v = self.v.forward(x)?.reshape((b, s, nkv, hd))?;
+        // 2. Per-head q/k RMSNorm (Qwen3).
+        let q = match &self.q_norm {
+            Some(n) => n.forward(&q, mode)?,
+            None => q,
+        };
+        let k = match &self.k_norm {
+            Some(n) => n.forward(&k, mode)?,
+            None => k,
+        };
+        // 3. (b, heads, s, hd) and rotary.
+        let q = apply_rotary(&q.transpose(1, 2)?.contiguous()?, cos, sin)?;
+        let k = apply_rotary(&k.transpose(1, 2)?.contiguous()?, cos, sin)?;
+        let v = v.transpose(1, 2)?.contiguous()?;
+        // 4. The keys/values attended over: (b, n_kv, keys, hd).
+        let (layer_kv, layer) = kv;
+        let (k_all, v_all) = match layer_kv {
+            KvMode::Own => (k, v),
+            KvMode::OwnAndReturn(out) => {
+                out.push((k.clone(), v.clone()));
+                (k, v)
+            }
+            KvMode::Buffers { layers, offset } => {
+                let (kb, vb) = &layers[layer];
+                kb.slice_set(&k, 2, *offset)?;
+                vb.slice_set(&v, 2, *offset)?;
+                (kb.narrow(2, 0, *offset + s)?, vb.narrow(2, 0, *offset + s)?)
+            }
+        };
+        let keys = k_all.dim(2)?;
+        // 5. Grouped-query attention without copying k/v per query head: the `rep` query heads
+        //    of a kv group become extra rows, (b, n_kv, rep * s, hd).
+        let rep = nh / nkv;
+        let qg = q.reshape((b, nkv, rep * s, hd))?;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let scores = (qg.matmul(&k_all.t()?)? * scale)?; // (b, n_kv, rep * s, keys)
+        let scores = scores
+            .to_dtype(DType::F32)?
+            .reshape((b, nkv, rep, s, keys))?
+            .broadcast_add(&bias.unsqueeze(1)?)?; // bias (b, 1, 1, s, keys)
+        let probs = softmax_last(&scores, mode)?
+            .to_dtype(v_all.dtype())?
+            .reshape((b, nkv, rep * s, keys))?;
+        let out = probs.matmul(&v_all)?; // (b, n_kv, rep * s, hd)
+        // 6. Back to (b, s, heads * hd) and the output projection.
+        let out = out.reshape((b, nh, s, hd))?.transpose(1, 2)?.reshape((b, s, nh * hd))?;
+        Ok(self.o.forward(&out)?)
+    }
+}
+
+#[derive(Debug, Clone)]
+struct DecoderLayer {
+    input_norm: RmsNorm,
+    attn: Attention,
+    post_norm: RmsNorm,
+    mlp: Mlp,
+}
+
+/// A Qwen3 / Qwen2 / Llama causal language model.
+///
+/// Built from named tensors in the Hugging Face layout; when those tensors are
+/// [`candle_core::Var`]s (see [`CausalLm::new`] with a `VarMap`-backed `VarBuilder`), the
+/// full-sequence paths are differentiable with respect to every parameter.
+#[derive(Debug, Clone)]
+pub struct CausalLm {
+    cfg: ModelConfig,
+    embed: Tensor,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+    lm_head: Tensor,
+    rotary: Rotary,
+    dtype: DType,
+    device: Device,
+}
+
+impl CausalLm {
+    /// Builds the model the candle-transformers way, fetching every parameter from `vb` by its
+    /// checkpoint name (`vb.pp("model.layers")`-style paths).
+    pub fn new(cfg: &ModelConfig, vb: candle_nn::VarBuilder) -> Result<CausalLm> {
+        let mut get = |name: &str, shape: &[usize]| -> Result<Tensor> {
+            Ok(vb.get(shape.to_vec(), name).map_err(|e| ModelError::Load {
+                name: name.to_string(),
+                message: e.to_string(),
+            })?)
+        };
+        Self::build(cfg, vb.dtype(), vb.device().clone(), &mut get)
+    }
+
+    /// Builds the model from a map of named tensors (already on the target device and dtype).
+    pub fn from_tensors(cfg: &ModelConfig, tensors: &HashMap<String, Tensor>) -> Result<CausalLm> {
+        let first = tensors
+            .get("model.embed_tokens.weight")
+            .ok_or_else(|| ModelError::MissingTensor { path: "<in memory>".into(), name: "model.embed_tokens.weight".into() })?;
+        let (dtype, device) = (first.dtype(), first.device().clone());
+        super::weights::check_tensors(cfg, tensors)?;
+        let mut get = |name: &str, _shape: &[usize]| -> Result<Tensor> { Ok(tensors[name].clone()) };
+        Self::build(cfg, dtype, device, &mut get)
+    }
+
+    fn build(
+        cfg: &ModelConfig,
+        dtype: DType,
+        device: Device,
+        get: &mut dyn FnMut(&str, &[usize]) -> Result<Tensor>,
+    ) -> Result<CausalLm> {
+        cfg.validate()?;
+        match dtype {
+            DType::F32 | DType::BF16 | DType::F16 => {}
+            other => return Err(ModelError::Config(format!("compute dtype {other:?} is not supported (f32, bf16, f16)"))),
+        }
+        let shapes: HashMap<String, Vec<usize>> = parameter_shapes(cfg).into_iter().collect();
+        let mut fetch = |name: String| -> Result<Tensor> {
+            let shape = shapes.get(&name).expect("parameter list and model agree");
+            get(&name, shape)
+        };
+        let eps = cfg.rms_norm_eps;
+        let opt = |present: bool, f: &mut dyn FnMut() -> Result<Tensor>| -> Result<Option<Tensor>> {
+            if present {
+                f().map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        let embed = fetch("model.embed_tokens.weight".into())?;
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        for l in 0..cfg.num_hidden_layers {
+            let p = format!("model.layers.{l}");
+            let mut lin = |name: &str, bias: bool| -> Result<Linear> {
+                let w = fetch(format!("{p}.{name}.weight"))?;
+                let b = opt(bias, &mut || fetch(format!("{p}.{name}.bias")))?;
+                Ok(Linear::new(w, b))
+            };
+            let attn = Attention {
+                q: lin("self_attn.q_proj", cfg.qkv_bias())?,
+                k: lin("self_attn.k_proj", cfg.qkv_bias())?,
+                v: lin("self_attn.v_proj", cfg.qkv_bias())?,
+                o: lin("self_attn.o_proj", cfg.o_bias())?,
+                q_norm: None,
+                k_norm: None,
+                n_heads: cfg.num_attention_heads,
+                n_kv: cfg.num_kv_heads(),
+                head_dim: cfg.head_dim(),
+            };
+            let mlp = Mlp {
+                gate: lin("mlp.gate_proj", cfg.mlp_bias)?,
+                up: lin("mlp.up_proj", cfg.mlp_bias)?,
+                down: lin("mlp.down_proj", cfg.mlp_bias)?,
+            };
+            let mut attn = attn;
+            if cfg.qk_norm() {
+                attn.q_norm = Some(RmsNorm::new(fetch(format!("{p}.self_attn.q_norm.weight"))?, eps));
+                attn.k_norm = Some(RmsNorm::new(fetch(format!("{p}.self_attn.k_norm.weight"))?, eps));
+            }
+            layers.push(DecoderLayer {
+                input_norm: RmsNorm::new(fetch(format!("{p}.input_layernorm.weight"))?, eps),
+                attn,
+                post_norm: RmsNorm::new(fetch(format!("{p}.post_attention_layernorm.weight"))?, eps),
+                mlp,
+            });
+        }
+        let norm = RmsNorm::new(fetch("model.norm.weight".into())?, eps);
+        let lm_head = if cfg.tie_word_embeddings { embed.clone() } else { fetch("lm_head.weight".into())? };
+        let rotary = Rotary::new(cfg.head_dim(), cfg.max_position_embeddings, cfg.rope_theta, dtype, &device)?;
+        Ok(CausalLm { cfg: cfg.clone(), embed, layers, norm, lm_head, rotary, dtype, device })
+    }
+
+    /// The model's config.
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    /// Compute dtype.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Device of the weights.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Runs the decoder stack. `input_ids` `(b, s)` u32, `positions` `(b, s)` u32, `bias`
+    /// `(b, 1, s, keys)` f32. Returns the final-normed hidden states `(b, s, hidden)`.
+    pub(crate) fn run_layers(
+        &self,
+        input_ids: &Tensor,
+        positions: &Tensor,
+        bias: &Tensor,
+        mode: OpsMode,
+        mut kv: KvMode<'_>,
+    ) -> Result<Tensor> {
+        let (b, s) = input_ids.dims2()?;
+        let max_pos = self.cfg.max_position_embeddings;
+        // A position past the rotary table would be an out-of-bounds gather.
+        let top = positions.flatten_all()?.max(0)?.to_scalar::<u32>()? as usize;
+        if top >= max_pos {
+            return Err(ModelError::TooLong { len: top + 1, max: max_pos });
+        }
+        let vocab = self.cfg.vocab_size as u32;
+        let top_id = input_ids.flatten_all()?.max(0)?.to_scalar::<u32>()?;
+        if top_id >= vocab {
+            return Err(ModelError::BadTokenId { id: top_id, vocab: self.cfg.vocab_size });
+        }
+        // 1. Embedding: (b, s, hidden).
+        let mut x = self.embed.index_select(&input_ids.flatten_all()?, 0)?.reshape((b, s, self.cfg.hidden_size))?;
+        // 2. Rotary tables for these positions: (b, 1, s, hd / 2).
+        let (cos, sin) = self.rotary.at(positions)?;
+        // 3. Decoder layers, pre-norm residual.
+        for (i, layer) in self.layers.iter().enumerate() {
+            let h = layer.input_norm.forward(&x, mode)?;
+            let a = layer.attn.forward(&h, &cos, &sin, bias, mode, (&mut kv, i))?;
+            x = (x + a)?;
+            let h = layer.post_norm.forward(&x, mode)?;
+            x = (&x + layer.mlp.forward(&h)?)?;
+        }
+        // 4. Final norm.
+        self.norm.forward(&x, mode)
+    }
+
+    /// Projects hidden states `(.., hidden)` to logits `(.., vocab)` in f32.
+    pub fn lm_head(&self, hidden: &Tensor) -> Result<Tensor> {
+        Ok(Linear::new(self.lm_head.clone(), None).forward(hidden)?.to_dtype(DType::F32)?)
+    }
+
+    /// Final hidden states `(b, t, hidden)` of a full sequence. `attention_mask` `(b, t)` (1 = real
+    /// token, 0 = padding; left or right padding), or `None` for no padding. Differentiable.
+    pub fn forward_hidden(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>) -> Result<Tensor> {
+        let (positions, bias) = full_sequence_layout(input_ids, attention_mask, &self.device)?;
+        self.run_layers(input_ids, &positions, &bias, OpsMode::Train, KvMode::Own)
+    }
+
+    /// Logits `(b, t, vocab)` (f32) of a full sequence. Differentiable.
+    pub fn forward_logits(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>) -> Result<Tensor> {
+        self.lm_head(&self.forward_hidden(input_ids, attention_mask)?)
+    }
+
+    /// `log p(targets[b, i] | input_ids[b, ..= i])` for every position: `(b, t)` f32.
+    /// Differentiable with respect to every parameter. Padded positions hold garbage that the
+    /// caller masks out.
+    pub fn forward_logprobs(&self, input_ids: &Tensor, targets: &Tensor, attention_mask: Option<&Tensor>) -> Result<Tensor> {
+        let logits = self.forward_logits(input_ids, attention_mask)?;
+        gather_logprobs(&logits, targets)
+    }
+
+    /// Log-probs of each next token of the sequence itself: `(b, t - 1)` where entry `i` is
+    /// `log p(ids[:, i + 1] | ids[:, ..= i])`.
+    pub fn token_logprobs(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>) -> Result<Tensor> {
+        let t = input_ids.dim(1)?;
+        if t < 2 {
+            return Err(ModelError::Config("token_logprobs needs at least 2 tokens".into()));
+        }
+        let hidden = self.forward_hidden(input_ids, attention_mask)?.narrow(1, 0, t - 1)?;
+        let targets = input_ids.narrow(1, 1, t - 1)?;
+        gather_logprobs(&self.lm_head(&hidden)?, &targets)
+    }
+}
+
+/// Positions and the additive attention bias of a full (possibly padded) sequence batch.
+/// Positions count real tokens only, so a left-padded row sees the same positions as unpadded.
+/// Key `j` is visible to query `i` when `j <= i` and `j` is a real token; the diagonal is always
+/// visible so that padded queries never produce NaN (their outputs are masked by the caller).
+pub(crate) fn full_sequence_layout(input_ids: &Tensor, attention_mask: Option<&Tensor>, device: &Device) -> Result<(Tensor, Tensor)> {
+    let (b, t) = input_ids.dims2()?;
+    let mask: Vec<Vec<u8>> = match attention_mask {
+        Some(m) => {
+            if m.dims() != [b, t] {
+                return Err(ModelError::Config(format!("attention_mask shape {:?} != input_ids shape {:?}", m.dims(), [b, t])));
+            }
+            m.to_dtype(DType::U8)?.to_vec2::<u8>()?
+        }
+        None => vec![vec![1u8; t]; b],
+    };
+    let mut positions = Vec::with_capacity(b * t);
+    let mut bias = vec![f32::NEG_INFINITY; b * t * t];
+    for (r, row) in mask.iter().enumerate() {
+        // A real token's position is the number of real tokens before it; padding gets a
+        // harmless in-range position.
+        let mut count = 0u32;
+        for &m in row {
+            positions.push(if m != 0 { count } else { count.saturating_sub(1) });
+            if m != 0 {
+                count += 1;
+            }
+        }
+        for i in 0..t {
+            let base = (r * t + i) * t;
+            for j in 0..=i {
+                if row[j] != 0 || j == i {
+                    bias[base + j] = 0.0;
+                }
+            }
+        }
+    }
+    let positions = Tensor::from_vec(positions, (b, t), device)?;
+    let bias = Tensor::from_vec(bias, (b, 1, t, t), device)?;
+    Ok((positions, bias))
+}
+
+/// The device's compute dtype: f32 on CPU, bf16 on GPU.
+pub fn compute_dtype(device: &Device) -> DType {
+    if device.is_cpu() {
+        DType::F32
+    } else {
+        DType::BF16
+    }
+}
+

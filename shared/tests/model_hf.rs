@@ -1,0 +1,215 @@
+//! Our Qwen3 / Qwen2 / Llama against Hugging Face transformers on the same tiny random weights.
+//! Fixtures: `scripts/gen-model-fixtures.py` (transformers 4.51.3, float32 eager attention).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use candle_core::{DType, Device, Tensor};
+use cascade_shared::model::{argmax, load_model, load_trainable, CausalLm, DecodeBatch};
+
+const TOL: f32 = 1e-4;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/model").join(name)
+}
+
+struct Case {
+    model: CausalLm,
+    reference: HashMap<String, Tensor>,
+    cases: serde_json::Value,
+}
+
+fn load(name: &str) -> Result<Case> {
+    let dir = fixture(name);
+    let model = load_model(&dir, &Device::Cpu).with_context(|| format!("loading {name}"))?;
+    let reference = candle_core::safetensors::load(dir.join("reference.safetensors"), &Device::Cpu)?;
+    let cases = serde_json::from_str(&std::fs::read_to_string(dir.join("cases.json"))?)?;
+    Ok(Case { model, reference, cases })
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+fn max_abs_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
+    assert_eq!(a.dims(), b.dims(), "shapes differ");
+    Ok((a - b)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?)
+}
+
+fn row_tensor(v: &[u32]) -> Result<Tensor> {
+    Ok(Tensor::new(v, &Device::Cpu)?.unsqueeze(0)?)
+}
+
+const MODELS: [&str; 4] = ["qwen3-tied", "qwen3-untied", "qwen2-bf16", "llama"];
+
+#[test]
+fn single_prompt_logits_match_transformers() -> Result<()> {
+    for name in MODELS {
+        let c = load(name)?;
+        let input = row_tensor(&ids(&c.cases["single"]))?;
+        let ours = c.model.forward_logits(&input, None)?.squeeze(0)?;
+        let d = max_abs_diff(&ours, &c.reference["single.logits"])?;
+        assert!(d < TOL, "{name}: max |Δlogit| = {d}");
+    }
+    Ok(())
+}
+
+#[test]
+fn left_padded_batch_equals_unpadded_runs() -> Result<()> {
+    for name in MODELS {
+        let c = load(name)?;
+        let a = ids(&c.cases["single"]);
+        let b = ids(&c.cases["short"]);
+        let pad = a.len() - b.len();
+        let mut row0 = vec![0u32; pad];
+        row0.extend(&b);
+        let input = Tensor::new(vec![row0, a.clone()], &Device::Cpu)?;
+        let mut mask = [vec![0u8; pad], vec![1u8; b.len()]].concat();
+        mask.extend(vec![1u8; a.len()]);
+        let mask = Tensor::from_vec(mask, (2, a.len()), &Device::Cpu)?;
+        let ours = c.model.forward_logits(&input, Some(&mask))?;
+        // Real positions of the padded row equal the unpadded run of `b`.
+        let padded_b = ours.get(0)?.narrow(0, pad, b.len())?;
+        let d_b = max_abs_diff(&padded_b, &c.reference["short.logits"])?;
+        let d_a = max_abs_diff(&ours.get(1)?, &c.reference["single.logits"])?;
+        // And transformers' own padded forward agrees on the real positions.
+        let hf_padded = c.reference["padded.logits"].get(0)?.narrow(0, pad, b.len())?;
+        let d_hf = max_abs_diff(&padded_b, &hf_padded)?;
+        assert!(d_a < TOL && d_b < TOL && d_hf < TOL, "{name}: Δ={d_a} / {d_b} / {d_hf}");
+        // Log-probs through the same path.
+        let lp = c.model.token_logprobs(&input, Some(&mask))?;
+        assert_eq!(lp.dims(), &[2, a.len() - 1]);
+    }
+    Ok(())
+}
+
+#[test]
+fn twelve_greedy_steps_with_kv_cache_equal_full_forward() -> Result<()> {
+    for name in MODELS {
+        let c = load(name)?;
+        let prompt = ids(&c.cases["greedy_prompt"]);
+        let expected = ids(&c.cases["greedy_generated"]);
+        let full = &c.reference["greedy.full_logits"];
+        let mut batch = DecodeBatch::new(1);
+        let mut logits = c.model.prefill(&mut batch, &[(0, &prompt)])?;
+        let mut generated = Vec::new();
+        for step in 0..12 {
+            let want = full.get(prompt.len() - 1 + step)?;
+            let d = max_abs_diff(&logits.squeeze(0)?, &want)?;
+            assert!(d < TOL, "{name} step {step}: max |Δlogit| = {d}");
+            let tok = argmax(&logits.squeeze(0)?.to_vec1::<f32>()?);
+            generated.push(tok);
+            logits = c.model.decode_step(&mut batch, &[(0, tok)])?;
+        }
+        assert_eq!(generated, expected, "{name}: greedy tokens differ from transformers");
+    }
+    Ok(())
+}
+
+#[test]
+fn three_hundred_token_sequence() -> Result<()> {
+    for name in ["qwen3-tied", "qwen2-bf16"] {
+        let c = load(name)?;
+        let seq = ids(&c.cases["long"]);
+        let input = row_tensor(&seq)?;
+        let lp = c.model.token_logprobs(&input, None)?.squeeze(0)?;
+        let d = max_abs_diff(&lp, &c.reference["long.next_logprobs"])?;
+        assert!(d < TOL, "{name}: max |Δlogprob| = {d}");
+        let logits = c.model.forward_logits(&input, None)?.squeeze(0)?;
+        let rows = logits.index_select(&Tensor::new(&[0u32, 150, 299], &Device::Cpu)?, 0)?;
+        let d = max_abs_diff(&rows, &c.reference["long.rows"])?;
+        assert!(d < TOL, "{name}: max |Δlogit| = {d}");
+    }
+    Ok(())
+}
+
+#[test]
+fn ragged_batch_decoding_with_refill_matches_single_runs() -> Result<()> {
+    // Three sequences of different lengths in a 2-slot batch: the third enters when the first
+    // finishes (continuous batching). Each must produce exactly its single-sequence logits.
+    let c = load("qwen3-untied")?;
+    let prompts = [ids(&c.cases["single"]), ids(&c.cases["short"]), ids(&c.cases["greedy_prompt"])];
+    let steps = [3usize, 40, 7];
+    let single = |p: &[u32], n: usize| -> Result<Vec<Vec<f32>>> {
+        let mut b = DecodeBatch::new(1);
+        let mut l = c.model.prefill(&mut b, &[(0, p)])?;
+        let mut rows = vec![l.squeeze(0)?.to_vec1::<f32>()?];
+        for _ in 0..n {
+            let t = argmax(rows.last().unwrap());
+            l = c.model.decode_step(&mut b, &[(0, t)])?;
+            rows.push(l.squeeze(0)?.to_vec1::<f32>()?);
+        }
+        Ok(rows)
+    };
+    let expected: Vec<_> = (0..3).map(|i| single(&prompts[i], steps[i])).collect::<Result<_>>()?;
+    let mut batch = DecodeBatch::new(2);
+    let first = c.model.prefill(&mut batch, &[(0, &prompts[0]), (1, &prompts[1])])?;
+    let mut got: Vec<Vec<Vec<f32>>> = vec![vec![first.get(0)?.to_vec1()?], vec![first.get(1)?.to_vec1()?], vec![]];
+    let mut slot_seq = [Some(0usize), Some(1)];
+    loop {
+        // Retire finished sequences and refill their slot with the waiting one.
+        for slot in 0..2 {
+            if let Some(seq) = slot_seq[slot] {
+                if got[seq].len() == steps[seq] + 1 {
+                    batch.release(slot);
+                    slot_seq[slot] = None;
+                    if got[2].is_empty() {
+                        let l = c.model.prefill(&mut batch, &[(slot, &prompts[2])])?;
+                        got[2].push(l.squeeze(0)?.to_vec1()?);
+                        slot_seq[slot] = Some(2);
+                    }
+                }
+            }
+        }
+        let feed: Vec<(usize, u32)> = (0..2)
+            .filter_map(|s| slot_seq[s].map(|q| (s, argmax(got[q].last().unwrap()))))
+            .collect();
+        if feed.is_empty() {
+            break;
+        }
+        let l = c.model.decode_step(&mut batch, &feed)?;
+        for (i, (slot, _)) in feed.iter().enumerate() {
+            got[slot_seq[*slot].unwrap()].push(l.get(i)?.to_vec1()?);
+        }
+    }
+    for q in 0..3 {
+        assert_eq!(got[q].len(), expected[q].len());
+        for (a, b) in got[q].iter().zip(&expected[q]) {
+            let d = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            assert!(d < TOL, "sequence {q}: {d}");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn every_parameter_receives_a_gradient() -> Result<()> {
+    for name in ["qwen3-untied", "qwen2-bf16", "llama"] {
+        let (model, params) = load_trainable(&fixture(name), DType::F32, &Device::Cpu)?;
+        let input = Tensor::new(&[[3u32, 17, 99, 5, 42, 7], [0, 0, 8, 9, 10, 11]], &Device::Cpu)?;
+        let mask = Tensor::new(&[[1u8, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]], &Device::Cpu)?;
+        let loss = model.token_logprobs(&input, Some(&mask))?.sum_all()?.neg()?;
+        let grads = loss.backward()?;
+        for (pname, var) in &params.vars {
+            let g = grads.get(var.as_tensor()).with_context(|| format!("{name}: no gradient for {pname}"))?;
+            let norm = g.sqr()?.sum_all()?.to_scalar::<f32>()?;
+            assert!(norm > 0.0 && norm.is_finite(), "{name}: gradient of {pname} is {norm}");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn too_long_is_an_error_not_a_panic() -> Result<()> {
+    let c = load("llama")?;
+    let seq = vec![1u32; 513];
+    let err = c.model.forward_logits(&row_tensor(&seq)?, None).unwrap_err().to_string();
+    assert!(err.contains("513") && err.contains("512"), "{err}");
+    let mut batch = DecodeBatch::new(1);
+    let err = c.model.prefill(&mut batch, &[(0, &seq)]).unwrap_err().to_string();
+    assert!(err.contains("context"), "{err}");
+    let bad = c.model.forward_logits(&row_tensor(&[1, 5000])?, None).unwrap_err().to_string();
+    assert!(bad.contains("5000"), "{bad}");
+    Ok(())
+}
