@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use cascade_rewards::math::MathConfig;
 use cascade_rewards::{split_response, IfEvalVerifier, MathVerifier, Verifier};
 use serde_json::{json, Value};
 
@@ -120,7 +121,14 @@ fn main() {
     let rows = [
         (
             "math",
-            rate(&MathVerifier::default(), &math, min),
+            rate(
+                &MathVerifier::new(MathConfig {
+                    percent_equivalence: true,
+                    ..MathConfig::default()
+                }),
+                &math,
+                min,
+            ),
             python_rate("math", &dir.join("math/pairs.jsonl")),
         ),
         (

@@ -38,7 +38,11 @@ fn fixture() -> Result<Vec<Value>> {
 fn agrees_with_math_verify() -> Result<()> {
     let rows = fixture()?;
     assert!(rows.len() >= 300, "fixture has only {} pairs", rows.len());
-    let verifier = MathVerifier::new(MathConfig::default());
+    // math-verify reads `p\%` as both p and p/100.
+    let verifier = MathVerifier::new(MathConfig {
+        percent_equivalence: true,
+        ..MathConfig::default()
+    });
     let mut disagreements = Vec::new();
     for row in &rows {
         let gold = row["answer"].as_str().context("answer")?;

@@ -17,10 +17,12 @@ use crate::{Reward, SplitResponse, Verifier, VerifyError};
 pub struct MathConfig {
     /// Without a `\boxed{}`, accept the last "the answer is X" as the final answer.
     pub answer_is_fallback: bool,
-    /// Read `p\%` as both `p` and `p/100` (so 50% = 0.5 = 1/2); otherwise the sign is dropped.
+    /// Read `p\%` as both `p` and `p/100` (so 50% = 0.5 = 1/2), as math-verify does; otherwise
+    /// (the default) the sign is dropped and `p\%` equals `p` only.
     pub percent_equivalence: bool,
     /// Subtracted from the reward when the final answer's prose mixes writing systems (e.g. Latin
-    /// and CJK); `None` (the default) disables the check.
+    /// and CJK), so a wrong answer that also switches scores `-penalty`; `None` (the default)
+    /// disables the check.
     pub language_switch_penalty: Option<f32>,
 }
 
@@ -28,7 +30,7 @@ impl Default for MathConfig {
     fn default() -> Self {
         Self {
             answer_is_fallback: false,
-            percent_equivalence: true,
+            percent_equivalence: false,
             language_switch_penalty: None,
         }
     }
@@ -201,6 +203,17 @@ mod tests {
         );
         assert_eq!(score(cfg.clone(), "4", "<think>\\boxed{4}"), 0.0);
         assert_eq!(score(cfg, "4", "The answer is 4."), 0.0);
+    }
+
+    #[test]
+    fn percent_only_when_configured() {
+        assert_eq!(score(MathConfig::default(), "0.5", "\\boxed{50\\%}"), 0.0);
+        assert_eq!(score(MathConfig::default(), "50", "\\boxed{50\\%}"), 1.0);
+        let cfg = MathConfig {
+            percent_equivalence: true,
+            ..MathConfig::default()
+        };
+        assert_eq!(score(cfg, "0.5", "\\boxed{50\\%}"), 1.0);
     }
 
     #[test]
