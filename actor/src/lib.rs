@@ -4,3 +4,10 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod sampler;
+pub mod engine;
+pub mod error;
+pub mod snapshot_watch;
+pub mod rewards;
+pub mod dataset;
+pub mod reward_model;
+pub mod run;

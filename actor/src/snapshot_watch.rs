@@ -1,0 +1,151 @@
+//! Snapshot hot-reload: the actor's read side of `RUN_DIR/snapshots/`.
+//!
+//! Between decode steps the actor calls [`SnapshotWatch::poll`]. When `LATEST` names a version
+//! newer than the weights in use, the actor acknowledges it (`acks/actor-I`, written *before*
+//! reading so the learner's retention keeps it), verifies the directory with the learner's
+//! own checker (completion marker, manifest, size and CRC-32C of every file, `state.json`
+//! format) and loads the weights shape-checked against the running model. A snapshot that
+//! fails any check is refused with a logged reason, the acknowledgement goes back to the
+//! version in use, and generation goes on with the current weights. A refused version is not
+//! retried until `LATEST` changes.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use candle_core::Device;
+use cascade_learner::snapshot::{self, ACKS_DIR};
+use cascade_learner::state::LearnerState;
+use cascade_shared::model::{compute_dtype, CausalLm, Checkpoint, ModelConfig};
+
+use crate::error::{ActorError, Result};
+
+/// A verified, loaded snapshot.
+#[derive(Debug)]
+pub struct LoadedWeights {
+    /// Its policy version.
+    pub version: u64,
+    /// Its directory.
+    pub dir: PathBuf,
+    /// The model built from its weights.
+    pub model: CausalLm,
+    /// Its `state.json` (stage index, stage step...).
+    pub state: LearnerState,
+}
+
+/// Watches `snapshots/LATEST` for one actor.
+#[derive(Debug)]
+pub struct SnapshotWatch {
+    snapshots_dir: PathBuf,
+    actor_id: u32,
+    device: Device,
+    current: Option<u64>,
+    last_latest: Option<u64>,
+    refused: u64,
+}
+
+impl SnapshotWatch {
+    /// Watches `snapshots_dir` for actor `actor_id`, loading weights onto `device`.
+    pub fn new(snapshots_dir: impl Into<PathBuf>, actor_id: u32, device: Device) -> Self {
+        SnapshotWatch {
+            snapshots_dir: snapshots_dir.into(),
+            actor_id,
+            device,
+            current: None,
+            last_latest: None,
+            refused: 0,
+        }
+    }
+
+    /// The version of the weights in use, once one was loaded or set.
+    pub fn current(&self) -> Option<u64> {
+        self.current
+    }
+
+    /// Snapshots refused so far.
+    pub fn refused(&self) -> u64 {
+        self.refused
+    }
+
+    /// Records that the actor runs weights of `version` obtained otherwise (e.g. the initial
+    /// checkpoint), and acknowledges it.
+    pub fn set_current(&mut self, version: u64) -> Result<()> {
+        self.current = Some(version);
+        self.write_ack(version)
+    }
+
+    /// Checks `LATEST`; returns newly loaded weights when it names a newer, valid snapshot.
+    /// `running` is the config of the model in use (new weights must fit it), `None` at start.
+    /// A bad snapshot is logged and refused (`Ok(None)`).
+    pub fn poll(&mut self, running: Option<&ModelConfig>) -> Result<Option<LoadedWeights>> {
+        let Some(latest) = snapshot::read_latest(&self.snapshots_dir) else {
+            return Ok(None);
+        };
+        if self.last_latest == Some(latest) || self.current.is_some_and(|c| latest <= c) {
+            return Ok(None);
+        }
+        self.last_latest = Some(latest);
+        self.write_ack(latest)?;
+        let dir = self.snapshots_dir.join(snapshot::version_dir_name(latest));
+        match load_weights(&dir, running, &self.device) {
+            Ok(loaded) => {
+                tracing::info!(version = latest, "actor {} loaded snapshot {}", self.actor_id, dir.display());
+                self.current = Some(latest);
+                Ok(Some(loaded))
+            }
+            Err(e) => {
+                self.refused += 1;
+                tracing::warn!("actor {} refuses snapshot {}: {e}; keeping the current weights", self.actor_id, dir.display());
+                eprintln!("warning: refusing snapshot {}: {e}; keeping the current weights", dir.display());
+                match self.current {
+                    Some(c) => self.write_ack(c)?,
+                    None => self.remove_ack()?,
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    fn ack_path(&self) -> PathBuf {
+        self.snapshots_dir.join(ACKS_DIR).join(format!("actor-{}", self.actor_id))
+    }
+
+    /// Writes `acks/actor-I` atomically (tmp file + rename).
+    fn write_ack(&self, version: u64) -> Result<()> {
+        let dir = self.snapshots_dir.join(ACKS_DIR);
+        fs::create_dir_all(&dir).map_err(|e| ActorError::io(&dir, e))?;
+        let path = self.ack_path();
+        let tmp = path.with_extension("tmp");
+        fs::write(&tmp, format!("{version}\n")).map_err(|e| ActorError::io(&tmp, e))?;
+        fs::rename(&tmp, &path).map_err(|e| ActorError::io(&path, e))
+    }
+
+    fn remove_ack(&self) -> Result<()> {
+        let path = self.ack_path();
+        match fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(ActorError::io(&path, e)),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Verifies the snapshot in `dir` and loads its weights (a deep copy out of the mapping),
+/// shape-checked against `running` (or the snapshot's own `config.json` when `None`).
+pub fn load_weights(dir: &Path, running: Option<&ModelConfig>, device: &Device) -> Result<LoadedWeights> {
+    let refuse = |reason: String| ActorError::Snapshot {
+        path: dir.to_path_buf(),
+        reason,
+    };
+    let loaded = snapshot::load_snapshot(dir).map_err(|e| refuse(e.to_string()))?;
+    let own = ModelConfig::from_file(&dir.join(snapshot::CONFIG_FILE)).map_err(|e| refuse(e.to_string()))?;
+    let cfg = running.unwrap_or(&own);
+    let tensors = Checkpoint::open_dir(dir)
+        .and_then(|c| c.load_all(cfg, compute_dtype(device), device))
+        .map_err(|e| refuse(e.to_string()))?;
+    let model = CausalLm::from_tensors(cfg, &tensors).map_err(|e| refuse(e.to_string()))?;
+    Ok(LoadedWeights {
+        version: loaded.info.version,
+        dir: dir.to_path_buf(),
+        model,
+        state: loaded.state,
+    })
+}

@@ -1,0 +1,161 @@
+//! The engine's continuous batching: layout-independent draws, distinct group samples,
+//! finish reasons, skipped prompts, weight swaps mid-sequence.
+
+mod common;
+
+use cascade_actor::engine::{Engine, Finished, GenParams, Job};
+use cascade_actor::sampler::SamplingParams;
+use cascade_shared::{FinishReason, Mode, VersionSpan};
+
+fn params(max_new_tokens: usize) -> GenParams {
+    GenParams {
+        sampling: SamplingParams {
+            temperature: 1.0,
+            top_k: Some(50),
+            top_p: Some(0.95),
+        },
+        max_new_tokens,
+        seed: 7,
+    }
+}
+
+fn job(prompt_id: u64, len: usize, group_size: usize, max_new: usize) -> Job {
+    Job {
+        tag: prompt_id,
+        prompt_id,
+        prompt_ids: (0..len as u32).map(|i| (i * 7 + prompt_id as u32 * 13) % 250).collect(),
+        mode: Mode::Think,
+        group_size,
+        params: params(max_new),
+    }
+}
+
+fn key(f: &Finished) -> (u64, usize) {
+    (f.job.prompt_id, f.sample_index)
+}
+
+#[test]
+fn continuous_batching_gives_the_tokens_of_generating_alone() {
+    let stop = vec![3, 5, 11];
+    // Batched: 5 prompts of different lengths and budgets through 3 slots (refills happen).
+    let mut batched = Engine::new(common::tiny_model(1, 256), 0, 3, stop.clone()).unwrap();
+    let jobs: Vec<Job> = (0..5).map(|p| job(p, 3 + 4 * p as usize, 2, 6 + 5 * p as usize)).collect();
+    for j in &jobs {
+        assert!(batched.submit(j.clone()).unwrap());
+    }
+    let mut out = batched.run_to_completion().unwrap();
+    assert_eq!(out.len(), 10);
+    assert!(batched.stats().prefills > 1, "rows were refilled");
+    out.sort_by_key(key);
+    // Alone: each sample in a one-slot engine with the same keys.
+    let mut total = 0;
+    let mut same = 0;
+    for f in &out {
+        let mut alone = Engine::new(common::tiny_model(1, 256), 0, 1, stop.clone()).unwrap();
+        let mut j = f.job.as_ref().clone();
+        j.group_size = 2; // same key streams
+        alone.submit(j).unwrap();
+        let single: Vec<Finished> = alone.run_to_completion().unwrap();
+        let s = single.iter().find(|s| s.sample_index == f.sample_index).unwrap();
+        total += 1;
+        if s.response_ids == f.response_ids {
+            same += 1;
+            assert_eq!(s.finish_reason, f.finish_reason);
+            for (a, b) in s.logprobs.iter().zip(&f.logprobs) {
+                assert!((a - b).abs() < 1e-4, "log-prob {a} vs {b}");
+            }
+        }
+    }
+    assert_eq!(same, total, "every sample identical to generating it alone");
+}
+
+#[test]
+fn the_g_samples_of_a_prompt_differ() {
+    let mut e = Engine::new(common::tiny_model(2, 256), 0, 8, vec![]).unwrap();
+    e.submit(job(42, 10, 8, 12)).unwrap();
+    let out = e.run_to_completion().unwrap();
+    assert_eq!(out.len(), 8);
+    let mut responses: Vec<&Vec<u32>> = out.iter().map(|f| &f.response_ids).collect();
+    responses.sort();
+    responses.dedup();
+    assert_eq!(responses.len(), 8, "all G samples distinct");
+}
+
+#[test]
+fn finish_reasons_and_lengths() {
+    // No stop tokens: every sample runs to its budget.
+    let mut e = Engine::new(common::tiny_model(3, 256), 0, 4, vec![]).unwrap();
+    e.submit(job(0, 5, 4, 9)).unwrap();
+    for f in e.run_to_completion().unwrap() {
+        assert_eq!(f.finish_reason, FinishReason::Length);
+        assert_eq!(f.response_ids.len(), 9);
+        assert_eq!(f.logprobs.len(), 9);
+        assert!(f.logprobs.iter().all(|l| *l <= 0.0 && l.is_finite()));
+        assert_eq!(f.versions, vec![VersionSpan { start_token: 0, version: 0 }]);
+    }
+    // Half the vocabulary stops: samples end early at a stop token, which is kept.
+    let stop: Vec<u32> = (0..132).collect();
+    let mut e = Engine::new(common::tiny_model(3, 256), 0, 4, stop.clone()).unwrap();
+    e.submit(job(1, 5, 16, 40)).unwrap();
+    let out = e.run_to_completion().unwrap();
+    let stopped: Vec<&Finished> = out.iter().filter(|f| f.finish_reason == FinishReason::Stop).collect();
+    assert!(stopped.len() >= 12, "most samples stop early ({} of 16)", stopped.len());
+    for f in stopped {
+        let last = *f.response_ids.last().unwrap();
+        assert!(stop.contains(&last));
+        assert!(f.response_ids[..f.response_ids.len() - 1].iter().all(|t| !stop.contains(t)));
+    }
+    // The end of the context stops a sample too (finish reason Length).
+    let mut e = Engine::new(common::tiny_model(3, 24), 0, 2, vec![]).unwrap();
+    e.submit(job(2, 20, 2, 100)).unwrap();
+    for f in e.run_to_completion().unwrap() {
+        assert_eq!(f.finish_reason, FinishReason::Length);
+        assert_eq!(f.response_ids.len(), 4);
+    }
+}
+
+#[test]
+fn prompts_longer_than_the_context_are_skipped_and_counted() {
+    let mut e = Engine::new(common::tiny_model(4, 32), 0, 2, vec![]).unwrap();
+    assert!(!e.submit(job(0, 40, 2, 4)).unwrap());
+    assert!(!e.submit(job(1, 32, 2, 4)).unwrap());
+    assert!(e.submit(job(2, 8, 2, 4)).unwrap());
+    assert_eq!(e.stats().skipped_prompts, 2);
+    let skipped = e.take_skipped();
+    assert_eq!(skipped.iter().map(|s| s.prompt_id).collect::<Vec<_>>(), vec![0, 1]);
+    let out = e.run_to_completion().unwrap();
+    assert_eq!(out.len(), 2);
+}
+
+#[test]
+fn a_weight_swap_mid_sequence_is_recorded_per_token() {
+    let mut e = Engine::new(common::tiny_model(5, 256), 3, 2, vec![]).unwrap();
+    e.submit(job(0, 6, 2, 10)).unwrap();
+    let mut out = Vec::new();
+    for _ in 0..3 {
+        out.extend(e.step().unwrap());
+    }
+    e.swap_model(common::tiny_model(6, 256), 4).unwrap();
+    out.extend(e.run_to_completion().unwrap());
+    assert_eq!(out.len(), 2);
+    for f in out {
+        // Step 1 drew tokens 0 and 1 (prefill + decode), steps 2-3 tokens 2 and 3.
+        assert_eq!(
+            f.versions,
+            vec![
+                VersionSpan { start_token: 0, version: 3 },
+                VersionSpan { start_token: 4, version: 4 }
+            ]
+        );
+        assert_eq!(f.response_ids.len(), 10);
+    }
+    // Weights of another shape are refused.
+    let other = {
+        let mut cfg = common::tiny_config(256);
+        cfg.num_hidden_layers = 3;
+        let w = cascade_shared::model::random_weights(&cfg, 0, &candle_core::Device::Cpu).unwrap();
+        cascade_shared::model::CausalLm::from_tensors(&cfg, &w).unwrap()
+    };
+    assert!(e.swap_model(other, 9).is_err());
+    assert_eq!(e.version(), 4);
+}
