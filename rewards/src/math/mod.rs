@@ -12,7 +12,7 @@ use serde_json::json;
 use crate::{Reward, SplitResponse, Verifier, VerifyError};
 
 /// Settings of [`MathVerifier`].
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MathConfig {
     /// Without a `\boxed{}`, accept the last "the answer is X" as the final answer.
@@ -24,16 +24,6 @@ pub struct MathConfig {
     /// and CJK), so a wrong answer that also switches scores `-penalty`; `None` (the default)
     /// disables the check.
     pub language_switch_penalty: Option<f32>,
-}
-
-impl Default for MathConfig {
-    fn default() -> Self {
-        Self {
-            answer_is_fallback: false,
-            percent_equivalence: false,
-            language_switch_penalty: None,
-        }
-    }
 }
 
 /// Scores math answers against a gold answer; see the module docs.
