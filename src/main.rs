@@ -23,6 +23,8 @@ enum Command {
     /// Tools for the replay log.
     #[command(subcommand)]
     Replay(commands::replay::ReplayCommand),
+    /// Run a rollout actor: generate, score and log groups until SIGTERM.
+    Actor(commands::actor::ActorArgs),
     /// Score responses with the verifiers (one JSON line in, one JSON line out).
     Score(commands::score::ScoreArgs),
 }
@@ -34,6 +36,7 @@ fn main() {
         Command::InitModel(args) => commands::init_model::run(args),
         Command::Replay(cmd) => commands::replay::run(cmd),
         Command::Score(args) => commands::score::run(args),
+        Command::Actor(args) => commands::actor::run(args),
     };
     match result {
         Ok(code) => std::process::exit(code),

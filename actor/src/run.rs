@@ -258,6 +258,12 @@ fn rl_stage_from(config: &RunConfig, index: u32) -> Option<u32> {
 /// Runs an actor until SIGTERM/SIGINT (or `max_groups`), then finishes the groups in flight,
 /// flushes the replay log and returns.
 pub fn run_actor(opts: ActorOptions) -> Result<RunSummary> {
+    if opts.config.actor.threads > 0 {
+        // Best effort: the global pool may already exist (then its size stays).
+        let _ = rayon::ThreadPoolBuilder::new()
+            .num_threads(opts.config.actor.threads)
+            .build_global();
+    }
     let term = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, term.clone())

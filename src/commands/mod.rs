@@ -1,6 +1,7 @@
 //! One file per subcommand. Each exposes clap args and `run(args) -> anyhow::Result<i32>`
 //! returning the process exit code.
 
+pub mod actor;
 pub mod init_model;
 pub mod inspect;
 pub mod replay;

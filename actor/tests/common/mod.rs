@@ -31,3 +31,49 @@ pub fn write_tiny_checkpoint(dir: &Path, seed: u64, max_pos: usize) {
     save_checkpoint(dir, &cfg, &w, DType::F32).expect("save");
     cascade_shared::tokenizer::write_tiny_tokenizer(dir).expect("tokenizer");
 }
+
+/// Publishes a snapshot of a random tiny model (`cfg`, weights seed `seed`) as `version`
+/// with the learner's own publisher, at stage `stage_index`.
+pub fn publish_tiny(snapshots: &Path, version: u64, cfg: &ModelConfig, seed: u64, stage_index: u32) {
+    use cascade_learner::snapshot::{publish, SnapshotInput};
+    use cascade_learner::state::{LearnerState, STATE_FORMAT_VERSION};
+    use cascade_learner::{rng, AdamW, AdamWConfig, FilterMetrics};
+    let w = random_weights(cfg, seed, &Device::Cpu).expect("weights");
+    let mut model: Vec<(String, candle_core::Tensor)> = w.into_iter().collect();
+    model.sort_by(|a, b| a.0.cmp(&b.0));
+    let vars = model
+        .iter()
+        .take(1)
+        .map(|(k, t)| (k.clone(), candle_core::Var::from_tensor(t).unwrap()))
+        .collect();
+    let opt = AdamW::new(vars, AdamWConfig::default()).expect("optimizer");
+    let state = LearnerState {
+        format_version: STATE_FORMAT_VERSION,
+        step: version,
+        policy_version: version,
+        stage_index,
+        stage_step: version,
+        rng: rng::RngState::capture(&rng::seeded(version)),
+        replay_cursors: serde_json::json!({}),
+        curriculum: serde_json::json!({}),
+        filter_metrics: FilterMetrics::default(),
+        prompt_tracker: None,
+    };
+    let config_json = serde_json::to_vec(&cfg.to_hf_json("float32")).unwrap();
+    let tok = tempfile::tempdir().unwrap();
+    cascade_shared::tokenizer::write_tiny_tokenizer(tok.path()).unwrap();
+    let tokenizer_json = std::fs::read(tok.path().join("tokenizer.json")).unwrap();
+    publish(
+        snapshots,
+        version,
+        &SnapshotInput {
+            model: &model,
+            optimizer: &opt,
+            state: &state,
+            config_json: &config_json,
+            tokenizer_json: &tokenizer_json,
+            stage_final: false,
+        },
+    )
+    .expect("publish");
+}
