@@ -1,11 +1,85 @@
-//! `cascade score`.
+//! `cascade score`: score JSONL responses with the verifiers, one JSON line out per line in.
+
+use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::path::PathBuf;
+
+use anyhow::Context;
+use cascade_rewards::code::{CodeConfig, SandboxConfig};
+use cascade_rewards::{CodeVerifier, Scorer, SweVerifier};
 use clap::Args;
 
 /// Arguments of `cascade score`.
+///
+/// Input lines: `{"domain": "math|if|code|swe|rm", "response": "...", ...reference fields}`.
+/// Output lines, in input order: `{"line": n, "domain": d, "reward": r, "details": {...}}`, or
+/// `{"line": n, ..., "reward": null, "error": "..."}` for a line that could not be scored.
+/// Exit code 0 when every line was scored, 2 when some lines were reported as errors.
 #[derive(Args, Debug)]
-pub struct ScoreArgs {}
+pub struct ScoreArgs {
+    /// JSONL file to score (`-` for stdin).
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Where to write the scored lines (default: stdout).
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+    /// Verifications running at once (code runs one sandboxed interpreter per verification).
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Python interpreter for the code sandbox (default: /usr/bin/python3, else python3 on PATH).
+    #[arg(long)]
+    pub python: Option<PathBuf>,
+    /// Wall-clock limit per code test run for lines without `timeout_s`, in seconds.
+    #[arg(long, default_value_t = 10.0)]
+    pub code_timeout_s: f64,
+}
+
+/// Builds the domain → verifier map. Domains whose verifier cannot run here are registered as
+/// unavailable, so their lines get a per-line error and the rest is still scored.
+fn build_scorer(args: &ScoreArgs) -> Scorer {
+    let mut scorer = Scorer::new();
+    scorer.register("math", Box::new(cascade_rewards::MathVerifier::default()));
+    scorer.register("if", Box::new(cascade_rewards::IfEvalVerifier::default()));
+    scorer.register("swe", Box::new(SweVerifier::default()));
+    let code = CodeConfig {
+        sandbox: SandboxConfig {
+            python: args.python.clone(),
+            ..SandboxConfig::default()
+        },
+        default_timeout_s: args.code_timeout_s,
+    };
+    // Probing the sandbox prints one line saying what is isolated on this machine.
+    match CodeVerifier::new(code) {
+        Ok(v) => scorer.register("code", Box::new(v)),
+        Err(e) => {
+            eprintln!("warning: code verifier unavailable: {e}");
+            scorer.mark_unavailable("code", format!("code sandbox unavailable: {e}"));
+        }
+    }
+    // The reward-model verifier needs a model; it plugs in here through `Scorer::register`.
+    scorer.mark_unavailable("rm", "domain rm needs --reward-model DIR");
+    scorer
+}
 
 /// Runs `cascade score`.
-pub fn run(_args: ScoreArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("cascade score is not built yet")
+pub fn run(args: ScoreArgs) -> anyhow::Result<i32> {
+    anyhow::ensure!(args.workers >= 1, "--workers must be at least 1");
+    let input: Box<dyn BufRead> = if args.input.as_os_str() == "-" {
+        Box::new(BufReader::new(std::io::stdin()))
+    } else {
+        let file = std::fs::File::open(&args.input)
+            .with_context(|| format!("opening {}", args.input.display()))?;
+        Box::new(BufReader::new(file))
+    };
+    let output: Box<dyn Write> = match &args.output {
+        Some(path) => Box::new(BufWriter::new(
+            std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
+        )),
+        None => Box::new(BufWriter::new(std::io::stdout().lock())),
+    };
+    let scorer = build_scorer(&args);
+    let summary = scorer
+        .score_stream(input, output, args.workers)
+        .with_context(|| format!("scoring {}", args.input.display()))?;
+    eprintln!("scored {} lines, {} errors", summary.scored, summary.errors);
+    Ok(if summary.errors == 0 { 0 } else { 2 })
 }
