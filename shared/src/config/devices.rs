@@ -1,0 +1,197 @@
+//! `[devices]`: where the learner and the actors run.
+
+use serde::{Deserialize, Serialize};
+
+use super::error::{invalid, Result};
+
+/// One compute device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum Device {
+    /// The CPU.
+    Cpu,
+    /// CUDA device with this ordinal.
+    Cuda(usize),
+}
+
+const DEVICE_FORMS: &str = "allowed: \"cpu\", \"cuda:N\"";
+const DEVICES_FORMS: &str = "allowed: \"cpu\", \"cuda:N\", \"cuda:A-B\" (A ≤ B)";
+
+impl Device {
+    /// Parses `cpu` or `cuda:N`.
+    pub fn parse(text: &str) -> std::result::Result<Device, String> {
+        match parse_devices(text)?.as_slice() {
+            [one] if !text.contains('-') => Ok(*one),
+            _ => Err(format!("{text:?} is not a single device ({DEVICE_FORMS})")),
+        }
+    }
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+impl TryFrom<String> for Device {
+    type Error = String;
+    fn try_from(text: String) -> std::result::Result<Self, String> {
+        Device::parse(&text)
+    }
+}
+
+impl From<Device> for String {
+    fn from(d: Device) -> String {
+        d.to_string()
+    }
+}
+
+/// Parses `cpu`, `cuda:N` or the range `cuda:A-B` into a list of devices.
+pub fn parse_devices(text: &str) -> std::result::Result<Vec<Device>, String> {
+    let bad = || format!("{text:?} is not a device ({DEVICES_FORMS})");
+    if text == "cpu" {
+        return Ok(vec![Device::Cpu]);
+    }
+    let spec = text.strip_prefix("cuda:").ok_or_else(bad)?;
+    let number = |s: &str| -> std::result::Result<usize, String> {
+        if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad());
+        }
+        s.parse().map_err(|_| bad())
+    };
+    match spec.split_once('-') {
+        None => Ok(vec![Device::Cuda(number(spec)?)]),
+        Some((a, b)) => {
+            let (a, b) = (number(a)?, number(b)?);
+            if a > b {
+                return Err(bad());
+            }
+            Ok((a..=b).map(Device::Cuda).collect())
+        }
+    }
+}
+
+/// A device string that may name a range (`cuda:0-6`); expands to one or more devices.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct DeviceSpec {
+    text: String,
+    devices: Vec<Device>,
+}
+
+impl DeviceSpec {
+    /// The devices this spec names, in order.
+    pub fn devices(&self) -> &[Device] {
+        &self.devices
+    }
+}
+
+impl TryFrom<String> for DeviceSpec {
+    type Error = String;
+    fn try_from(text: String) -> std::result::Result<Self, String> {
+        let devices = parse_devices(&text)?;
+        Ok(DeviceSpec { text, devices })
+    }
+}
+
+impl From<DeviceSpec> for String {
+    fn from(d: DeviceSpec) -> String {
+        d.text
+    }
+}
+
+fn default_learner() -> Device {
+    Device::Cpu
+}
+
+fn default_actors() -> Vec<DeviceSpec> {
+    vec![DeviceSpec::try_from("cpu".to_string()).expect("valid")]
+}
+
+/// `[devices]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DevicesConfig {
+    /// The learner's device (`cpu` or `cuda:N`).
+    #[serde(default = "default_learner")]
+    pub learner: Device,
+    /// Actor devices; each entry `cpu`, `cuda:N` or a range `cuda:A-B`.
+    #[serde(default = "default_actors")]
+    pub actors: Vec<DeviceSpec>,
+    /// Number of actor processes; default one per listed device. Actors are assigned to the
+    /// listed devices round-robin, so `actors = ["cpu"]` with `num_actors = 2` runs two CPU
+    /// actors.
+    #[serde(default)]
+    pub num_actors: Option<usize>,
+}
+
+impl Default for DevicesConfig {
+    fn default() -> Self {
+        DevicesConfig {
+            learner: default_learner(),
+            actors: default_actors(),
+            num_actors: None,
+        }
+    }
+}
+
+impl DevicesConfig {
+    /// All listed actor devices, ranges expanded.
+    pub fn actor_devices(&self) -> Vec<Device> {
+        self.actors
+            .iter()
+            .flat_map(|s| s.devices().iter().copied())
+            .collect()
+    }
+
+    /// The device of each actor process (round-robin over [`Self::actor_devices`]).
+    pub fn actor_assignment(&self) -> Vec<Device> {
+        let devices = self.actor_devices();
+        let n = self.num_actors.unwrap_or(devices.len());
+        (0..n).map(|i| devices[i % devices.len()]).collect()
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.actors.is_empty() {
+            return Err(invalid("devices.actors", "at least one actor device is needed"));
+        }
+        if self.num_actors == Some(0) {
+            return Err(invalid("devices.num_actors", "must be at least 1"));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_device_forms() {
+        assert_eq!(parse_devices("cpu").unwrap(), vec![Device::Cpu]);
+        assert_eq!(parse_devices("cuda:3").unwrap(), vec![Device::Cuda(3)]);
+        assert_eq!(parse_devices("cuda:0-2").unwrap().len(), 3);
+        for bad in ["gpu", "cuda:", "cuda:x", "cuda:3-1", "cuda:-1", "cuda:+1", "CPU"] {
+            let err = parse_devices(bad).unwrap_err();
+            assert!(err.contains("allowed"), "{bad}: {err}");
+        }
+        assert!(Device::parse("cuda:0-6").is_err());
+        assert_eq!(Device::parse("cuda:7").unwrap(), Device::Cuda(7));
+    }
+
+    #[test]
+    fn round_robin_assignment() {
+        let cfg = DevicesConfig {
+            learner: Device::Cuda(7),
+            actors: vec![DeviceSpec::try_from("cuda:0-1".to_string()).unwrap()],
+            num_actors: Some(3),
+        };
+        assert_eq!(
+            cfg.actor_assignment(),
+            vec![Device::Cuda(0), Device::Cuda(1), Device::Cuda(0)]
+        );
+    }
+}

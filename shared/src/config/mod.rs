@@ -1,0 +1,258 @@
+//! The run configuration: one TOML file describes a run (model, devices, throughput knobs,
+//! the cascade of stages), and every knob can be overridden from the command line.
+//!
+//! Loading goes file → `--set KEY=VALUE` overrides (on the TOML tree) → typed flags
+//! ([`ActorArgs`], [`LearnerArgs`], [`ReplayArgs`]) → [`RunConfig::validate`]. Every table
+//! denies unknown keys; errors name the key path and the allowed keys, values or type.
+
+mod devices;
+mod error;
+mod knobs;
+mod model;
+mod overrides;
+mod stage;
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+pub use devices::{parse_devices, Device, DeviceSpec, DevicesConfig};
+pub use error::{ConfigError, Result};
+pub use knobs::{ActorArgs, ActorConfig, LearnerArgs, LearnerConfig, ReplayArgs, ReplayConfig};
+pub use model::{DtypeChoice, InitConfig, ModelConfig};
+pub use overrides::Override;
+pub use stage::{IfStrictness, LossAgg, MaxResponseTokens, Schedule, StageConfig, VerifierConfig};
+
+use error::invalid;
+
+/// A whole run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunConfig {
+    /// The starting model.
+    pub model: ModelConfig,
+    /// Where the learner and actors run.
+    #[serde(default)]
+    pub devices: DevicesConfig,
+    /// Actor throughput and sampling knobs.
+    #[serde(default)]
+    pub actor: ActorConfig,
+    /// Learner throughput and snapshot knobs.
+    #[serde(default)]
+    pub learner: LearnerConfig,
+    /// Replay log sizing.
+    #[serde(default)]
+    pub replay: ReplayConfig,
+    /// The cascade, in order: SFT stages, then RL stages.
+    #[serde(default)]
+    pub stages: Vec<StageConfig>,
+    /// Directory relative paths are resolved against (the config file's directory).
+    #[serde(skip)]
+    pub base_dir: PathBuf,
+}
+
+/// The typed command-line overrides, grouped for flattening into a subcommand.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ConfigArgs {
+    /// The run configuration (TOML).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Override any key: `--set stages.2.lr=1e-6`, `--set stages.math.group_size=16`,
+    /// `--set devices.actors='["cuda:0-6"]'`. Repeatable; applied in order, before the
+    /// typed flags.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+    /// Actor knobs.
+    #[command(flatten)]
+    pub actor: ActorArgs,
+    /// Learner knobs.
+    #[command(flatten)]
+    pub learner: LearnerArgs,
+    /// Replay knobs.
+    #[command(flatten)]
+    pub replay: ReplayArgs,
+}
+
+impl ConfigArgs {
+    /// Loads `--config` (or `default_toml` when none was given, with relative paths resolved
+    /// against `default_base`), applies every override and validates.
+    pub fn load(&self, default_toml: &str, default_base: &Path) -> Result<RunConfig> {
+        let overrides = self
+            .set
+            .iter()
+            .map(|s| s.parse())
+            .collect::<Result<Vec<Override>>>()?;
+        let mut config = match &self.config {
+            Some(path) => RunConfig::load_unvalidated(path, &overrides)?,
+            None => RunConfig::parse_unvalidated(
+                default_toml,
+                "the embedded default config",
+                default_base,
+                &overrides,
+            )?,
+        };
+        self.actor.apply(&mut config.actor);
+        self.learner.apply(&mut config.learner);
+        self.replay.apply(&mut config.replay);
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+impl RunConfig {
+    /// Reads, overrides and validates a config file. Relative paths in it are resolved
+    /// against the file's directory.
+    pub fn load(path: impl AsRef<Path>, overrides: &[Override]) -> Result<Self> {
+        let config = Self::load_unvalidated(path, overrides)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Parses, overrides and validates TOML text; `source_name` appears in errors.
+    pub fn parse(
+        text: &str,
+        source_name: &str,
+        base_dir: &Path,
+        overrides: &[Override],
+    ) -> Result<Self> {
+        let config = Self::parse_unvalidated(text, source_name, base_dir, overrides)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn load_unvalidated(path: impl AsRef<Path>, overrides: &[Override]) -> Result<Self> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let base = path.parent().unwrap_or(Path::new("")).to_path_buf();
+        Self::parse_unvalidated(&text, &path.display().to_string(), &base, overrides)
+    }
+
+    fn parse_unvalidated(
+        text: &str,
+        source_name: &str,
+        base_dir: &Path,
+        overrides: &[Override],
+    ) -> Result<Self> {
+        let table: toml::Table = toml::from_str(text).map_err(|e| ConfigError::Syntax {
+            source_name: source_name.to_string(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        let mut doc = toml::Value::Table(table);
+        for o in overrides {
+            o.apply(&mut doc)?;
+        }
+        let mut config: RunConfig =
+            serde_path_to_error::deserialize(doc).map_err(|e| ConfigError::Schema {
+                source_name: source_name.to_string(),
+                key: display_path(e.path()),
+                message: e.inner().to_string(),
+            })?;
+        config.base_dir = base_dir.to_path_buf();
+        Ok(config)
+    }
+
+    /// Cross-field checks: a non-empty stage list with unique names, SFT stages before RL
+    /// stages, each stage's ranges (group size ≥ 2, 0 < top_p ≤ 1, curriculum shape, ...),
+    /// model `path` xor `init`, device strings, and the throughput knobs' minimums.
+    pub fn validate(&self) -> Result<()> {
+        self.model.validate()?;
+        self.devices.validate()?;
+        self.actor.validate()?;
+        self.learner.validate()?;
+        self.replay.validate()?;
+        if self.stages.is_empty() {
+            return Err(invalid(
+                "stages",
+                "the run needs at least one [[stages]] entry (kinds: sft, rlhf, if, math, code, swe)",
+            ));
+        }
+        let mut seen_rl: Option<&str> = None;
+        for (i, stage) in self.stages.iter().enumerate() {
+            let at = format!("stages[{i}]");
+            stage.validate(&at)?;
+            if self.stages[..i].iter().any(|s| s.name == stage.name) {
+                return Err(invalid(
+                    format!("{at}.name"),
+                    format!("stage name {:?} is used twice", stage.name),
+                ));
+            }
+            match (stage.is_rl(), seen_rl) {
+                (true, None) => seen_rl = Some(&stage.name),
+                (false, Some(rl)) => {
+                    return Err(invalid(
+                        format!("{at}.kind"),
+                        format!(
+                            "SFT stage {:?} comes after RL stage {rl:?}; SFT stages must come first",
+                            stage.name
+                        ),
+                    ))
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks that every file the config names exists (datasets, held-out sets, model path
+    /// or init config, reward models, init tokenizer).
+    pub fn check_files(&self) -> Result<()> {
+        let mut files: Vec<(String, &Path)> = Vec::new();
+        if let Some(p) = &self.model.path {
+            files.push(("model.path".into(), p));
+        }
+        if let Some(init) = &self.model.init {
+            files.push(("model.init.config".into(), &init.config));
+            if let Some(t) = &init.tokenizer {
+                files.push(("model.init.tokenizer".into(), t));
+            }
+        }
+        for (i, s) in self.stages.iter().enumerate() {
+            files.push((format!("stages[{i}].dataset"), &s.dataset));
+            if let Some(h) = &s.heldout {
+                files.push((format!("stages[{i}].heldout"), h));
+            }
+            if let Some(rm) = &s.verifier.reward_model {
+                files.push((format!("stages[{i}].verifier.reward_model"), rm));
+            }
+        }
+        for (key, path) in files {
+            let resolved = self.resolve(path);
+            if !resolved.exists() {
+                return Err(ConfigError::MissingFile {
+                    key,
+                    path: resolved,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// A path from the config, resolved against [`RunConfig::base_dir`] when relative.
+    pub fn resolve(&self, path: impl AsRef<Path>) -> PathBuf {
+        let path = path.as_ref();
+        if path.is_absolute() {
+            path.to_path_buf()
+        } else {
+            self.base_dir.join(path)
+        }
+    }
+
+    /// The stage called `name`.
+    pub fn stage(&self, name: &str) -> Option<&StageConfig> {
+        self.stages.iter().find(|s| s.name == name)
+    }
+}
+
+/// `stages[2].lr` from serde_path_to_error's path (which prints `stages[2].lr` already, or
+/// `.` for the root).
+fn display_path(path: &serde_path_to_error::Path) -> String {
+    let text = path.to_string();
+    if text == "." {
+        "(top level)".to_string()
+    } else {
+        text
+    }
+}

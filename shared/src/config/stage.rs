@@ -1,0 +1,410 @@
+//! `[[stages]]`: one entry per cascade stage (SFT stages first, then RL stages).
+//!
+//! Defaults follow RECIPE.md: AdamW betas (0.9, 0.95), cosine schedule, temperature 1.0,
+//! top-p 1.0, G = 8, token-level loss aggregation, no KL, clip ε 0.2, std-normalised GRPO
+//! advantages.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::error::{invalid, Result};
+use crate::StageKind;
+
+/// Learning-rate schedule after warm-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Schedule {
+    /// Constant learning rate.
+    Constant,
+    /// Cosine decay to zero over the stage's steps.
+    #[default]
+    Cosine,
+}
+
+/// How the policy loss is averaged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LossAgg {
+    /// Sum over all tokens of the batch / number of tokens (the paper's choice).
+    #[default]
+    Token,
+    /// Mean over each sequence's tokens, then over sequences (used for RLHF stability).
+    Sequence,
+}
+
+/// Strict or loose IFEval checking.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IfStrictness {
+    /// The response as is.
+    #[default]
+    Strict,
+    /// Also accept after IFEval's loose transformations (strip markdown, first/last line).
+    Loose,
+}
+
+/// Max response tokens: one number, or a length curriculum.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum MaxResponseTokens {
+    /// One limit for the whole stage.
+    Fixed(usize),
+    /// Limits in order; the stage moves to the next one at each of `curriculum_steps`.
+    Curriculum(Vec<usize>),
+}
+
+impl<'de> Deserialize<'de> for MaxResponseTokens {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = MaxResponseTokens;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a token count or a list of token counts (a length curriculum)")
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> std::result::Result<Self::Value, E> {
+                Ok(MaxResponseTokens::Fixed(v as usize))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> std::result::Result<Self::Value, E> {
+                usize::try_from(v)
+                    .map(MaxResponseTokens::Fixed)
+                    .map_err(|_| E::invalid_value(serde::de::Unexpected::Signed(v), &self))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> std::result::Result<Self::Value, A::Error> {
+                let mut out = Vec::new();
+                while let Some(v) = seq.next_element::<usize>()? {
+                    out.push(v);
+                }
+                Ok(MaxResponseTokens::Curriculum(out))
+            }
+        }
+        d.deserialize_any(Visit)
+    }
+}
+
+/// Verifier options of a stage (`[stages.verifier]`); each verifier reads its own.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct VerifierConfig {
+    /// Math: accept `50\%` for `0.5` and the reverse.
+    pub math_percent_equivalence: bool,
+    /// Math: relative tolerance of numeric equivalence.
+    pub math_rel_tol: f64,
+    /// Instruction following: strict or loose checking.
+    pub if_strictness: IfStrictness,
+    /// Code: wall-clock limit of one test run, in seconds.
+    pub code_timeout_s: f64,
+    /// Code: memory limit of the sandboxed process, in MiB.
+    pub code_memory_mb: u64,
+    /// Reward-model checkpoint directory (RLHF; IF when `rm_weight` > 0).
+    pub reward_model: Option<PathBuf>,
+    /// Weight of the reward-model score in the reward.
+    pub rm_weight: f32,
+    /// Weight of the rule-based (verifiable) score in the reward.
+    pub rule_weight: f32,
+}
+
+impl Default for VerifierConfig {
+    fn default() -> Self {
+        VerifierConfig {
+            math_percent_equivalence: true,
+            math_rel_tol: 1e-6,
+            if_strictness: IfStrictness::Strict,
+            code_timeout_s: 10.0,
+            code_memory_mb: 1024,
+            reward_model: None,
+            rm_weight: 0.0,
+            rule_weight: 1.0,
+        }
+    }
+}
+
+/// One cascade stage.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StageConfig {
+    /// Unique name (used in metrics, snapshots and `--set stages.NAME.key=...`).
+    pub name: String,
+    /// sft | rlhf | if | math | code | swe.
+    pub kind: StageKind,
+    /// Training data (JSONL), relative to the config file.
+    pub dataset: PathBuf,
+    /// Held-out evaluation data (JSONL), relative to the config file.
+    #[serde(default)]
+    pub heldout: Option<PathBuf>,
+    /// Optimizer steps of the stage.
+    pub steps: usize,
+    /// Peak learning rate.
+    pub lr: f64,
+    /// Linear warm-up steps.
+    #[serde(default)]
+    pub warmup_steps: usize,
+    /// Schedule after warm-up.
+    #[serde(default)]
+    pub schedule: Schedule,
+    /// AdamW betas.
+    #[serde(default = "default_betas")]
+    pub betas: [f64; 2],
+    /// AdamW decoupled weight decay.
+    #[serde(default)]
+    pub weight_decay: f64,
+    /// Global gradient-norm clip.
+    #[serde(default = "default_grad_clip")]
+    pub grad_clip: f64,
+    /// Prompts per optimizer step (SFT: sequences per step).
+    #[serde(default = "default_batch_prompts")]
+    pub batch_prompts: usize,
+    /// Responses per prompt (GRPO group size G); RL only.
+    #[serde(default = "default_group_size")]
+    pub group_size: usize,
+    /// Fraction of prompts rendered in thinking mode (the rest `/no_think`).
+    #[serde(default = "default_mode_mix")]
+    pub mode_mix: f64,
+    /// Max response tokens, or a list for a length curriculum; default `actor.max_new_tokens`.
+    #[serde(default)]
+    pub max_response_tokens: Option<MaxResponseTokens>,
+    /// Stage steps at which the curriculum moves to its next length (one fewer than lengths).
+    #[serde(default)]
+    pub curriculum_steps: Vec<usize>,
+    /// Sampling temperature of rollouts.
+    #[serde(default = "default_temperature")]
+    pub temperature: f32,
+    /// Nucleus threshold of rollouts.
+    #[serde(default = "default_top_p")]
+    pub top_p: f32,
+    /// KL penalty coefficient against the stage's starting policy (0 = none).
+    #[serde(default)]
+    pub kl_coef: f64,
+    /// Loss aggregation.
+    #[serde(default)]
+    pub loss_agg: LossAgg,
+    /// Lower clip ε of the importance ratio (1 − ε_low).
+    #[serde(default = "default_eps")]
+    pub eps_low: f64,
+    /// Upper clip ε of the importance ratio (1 + ε_high).
+    #[serde(default = "default_eps")]
+    pub eps_high: f64,
+    /// Truncated importance-sampling cap on π_old/π_behaviour (none = no correction).
+    #[serde(default)]
+    pub tis_cap: Option<f64>,
+    /// Mask truncated (overlong) samples out of the loss.
+    #[serde(default)]
+    pub overlong_mask: bool,
+    /// Override of `learner.max_staleness` for this stage.
+    #[serde(default)]
+    pub max_staleness: Option<u64>,
+    /// Divide group advantages by the group's reward std.
+    #[serde(default = "default_true")]
+    pub std_normalize: bool,
+    /// SFT only: max packed sequence length in tokens.
+    #[serde(default)]
+    pub token_budget: Option<usize>,
+    /// Verifier options.
+    #[serde(default)]
+    pub verifier: VerifierConfig,
+}
+
+fn default_betas() -> [f64; 2] {
+    [0.9, 0.95]
+}
+fn default_grad_clip() -> f64 {
+    1.0
+}
+fn default_batch_prompts() -> usize {
+    128
+}
+fn default_group_size() -> usize {
+    8
+}
+fn default_mode_mix() -> f64 {
+    0.5
+}
+fn default_temperature() -> f32 {
+    1.0
+}
+fn default_top_p() -> f32 {
+    1.0
+}
+fn default_eps() -> f64 {
+    0.2
+}
+fn default_true() -> bool {
+    true
+}
+
+/// Checks 0 < top_p ≤ 1.
+pub(crate) fn check_top_p(key: &str, top_p: f32) -> Result<()> {
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(invalid(key, format!("must satisfy 0 < top_p ≤ 1, got {top_p}")));
+    }
+    Ok(())
+}
+
+impl StageConfig {
+    /// Whether this is an RL stage (anything but SFT).
+    pub fn is_rl(&self) -> bool {
+        self.kind != StageKind::Sft
+    }
+
+    /// Max response tokens at `step` of this stage (`default` when the stage sets none).
+    pub fn max_response_tokens_at(&self, step: usize, default: usize) -> usize {
+        match &self.max_response_tokens {
+            None => default,
+            Some(MaxResponseTokens::Fixed(n)) => *n,
+            Some(MaxResponseTokens::Curriculum(lengths)) => {
+                let phase = self.curriculum_steps.iter().filter(|&&s| step >= s).count();
+                lengths[phase.min(lengths.len() - 1)]
+            }
+        }
+    }
+
+    /// Staleness bound of this stage.
+    pub fn max_staleness_or(&self, learner_default: u64) -> u64 {
+        self.max_staleness.unwrap_or(learner_default)
+    }
+
+    /// Checks this stage alone; `at` is its key prefix (`stages[2]`).
+    pub(crate) fn validate(&self, at: &str) -> Result<()> {
+        let key = |k: &str| format!("{at}.{k}");
+        if self.name.trim().is_empty() {
+            return Err(invalid(key("name"), "must not be empty"));
+        }
+        if self.steps == 0 {
+            return Err(invalid(key("steps"), "must be at least 1"));
+        }
+        if !(self.lr > 0.0 && self.lr.is_finite()) {
+            return Err(invalid(key("lr"), format!("must be > 0, got {}", self.lr)));
+        }
+        if self.warmup_steps > self.steps {
+            return Err(invalid(
+                key("warmup_steps"),
+                format!("{} exceeds the stage's {} steps", self.warmup_steps, self.steps),
+            ));
+        }
+        for (i, b) in self.betas.iter().enumerate() {
+            if !(0.0..1.0).contains(b) {
+                return Err(invalid(format!("{at}.betas[{i}]"), format!("must be in [0, 1), got {b}")));
+            }
+        }
+        if !(self.weight_decay >= 0.0) {
+            return Err(invalid(key("weight_decay"), "must be ≥ 0"));
+        }
+        if !(self.grad_clip > 0.0) {
+            return Err(invalid(key("grad_clip"), "must be > 0"));
+        }
+        if self.batch_prompts == 0 {
+            return Err(invalid(key("batch_prompts"), "must be at least 1"));
+        }
+        if !(0.0..=1.0).contains(&self.mode_mix) {
+            return Err(invalid(
+                key("mode_mix"),
+                format!("is the fraction of thinking prompts, in [0, 1]; got {}", self.mode_mix),
+            ));
+        }
+        check_top_p(&key("top_p"), self.top_p)?;
+        if !(self.temperature > 0.0 && self.temperature.is_finite()) {
+            return Err(invalid(
+                key("temperature"),
+                format!("must be > 0 for training rollouts, got {}", self.temperature),
+            ));
+        }
+        if !(self.kl_coef >= 0.0) {
+            return Err(invalid(key("kl_coef"), "must be ≥ 0"));
+        }
+        if !(self.eps_low >= 0.0 && self.eps_low < 1.0) {
+            return Err(invalid(key("eps_low"), "must be in [0, 1)"));
+        }
+        if !(self.eps_high >= 0.0) {
+            return Err(invalid(key("eps_high"), "must be ≥ 0"));
+        }
+        if let Some(cap) = self.tis_cap {
+            if !(cap > 0.0) {
+                return Err(invalid(key("tis_cap"), format!("must be > 0, got {cap}")));
+            }
+        }
+        if self.is_rl() {
+            if self.group_size < 2 {
+                return Err(invalid(
+                    key("group_size"),
+                    format!("GRPO needs at least 2 responses per prompt, got {}", self.group_size),
+                ));
+            }
+            if self.token_budget.is_some() {
+                return Err(invalid(key("token_budget"), "applies to SFT stages only"));
+            }
+        } else if self.token_budget == Some(0) {
+            return Err(invalid(key("token_budget"), "must be at least 1"));
+        }
+        self.validate_lengths(at)?;
+        self.validate_verifier(at)
+    }
+
+    fn validate_lengths(&self, at: &str) -> Result<()> {
+        let steps_key = format!("{at}.curriculum_steps");
+        match &self.max_response_tokens {
+            None | Some(MaxResponseTokens::Fixed(_)) => {
+                if let Some(MaxResponseTokens::Fixed(0)) = self.max_response_tokens {
+                    return Err(invalid(format!("{at}.max_response_tokens"), "must be at least 1"));
+                }
+                if !self.curriculum_steps.is_empty() {
+                    return Err(invalid(
+                        steps_key,
+                        "needs max_response_tokens to be a list (a length curriculum)",
+                    ));
+                }
+            }
+            Some(MaxResponseTokens::Curriculum(lengths)) => {
+                if lengths.is_empty() || lengths.contains(&0) {
+                    return Err(invalid(
+                        format!("{at}.max_response_tokens"),
+                        "a curriculum needs one or more lengths, each at least 1",
+                    ));
+                }
+                if self.curriculum_steps.len() + 1 != lengths.len() {
+                    return Err(invalid(
+                        steps_key,
+                        format!(
+                            "needs {} step(s) for {} lengths, got {}",
+                            lengths.len() - 1,
+                            lengths.len(),
+                            self.curriculum_steps.len()
+                        ),
+                    ));
+                }
+                let increasing = self.curriculum_steps.windows(2).all(|w| w[0] < w[1]);
+                let inside = self.curriculum_steps.iter().all(|&s| s > 0 && s < self.steps);
+                if !increasing || !inside {
+                    return Err(invalid(
+                        steps_key,
+                        format!("must increase strictly within (0, {})", self.steps),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_verifier(&self, at: &str) -> Result<()> {
+        let v = &self.verifier;
+        let key = |k: &str| format!("{at}.verifier.{k}");
+        if !(v.code_timeout_s > 0.0 && v.code_timeout_s.is_finite()) {
+            return Err(invalid(key("code_timeout_s"), "must be > 0"));
+        }
+        if !(v.math_rel_tol >= 0.0) {
+            return Err(invalid(key("math_rel_tol"), "must be ≥ 0"));
+        }
+        if !(v.rm_weight >= 0.0) || !(v.rule_weight >= 0.0) {
+            return Err(invalid(key("rm_weight"), "reward weights must be ≥ 0"));
+        }
+        if self.kind == StageKind::Rlhf && v.reward_model.is_none() {
+            return Err(invalid(key("reward_model"), "an rlhf stage needs a reward model"));
+        }
+        if v.rm_weight > 0.0 && v.reward_model.is_none() {
+            return Err(invalid(key("reward_model"), "rm_weight > 0 needs a reward model"));
+        }
+        Ok(())
+    }
+}
