@@ -10,7 +10,10 @@ use cascade_actor::sampler::SamplingParams;
 use cascade_shared::Mode;
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
     let Some(dir) = args.first() else {
         eprintln!("usage: engine MODEL_DIR [steps]");
         return;
@@ -20,7 +23,8 @@ fn main() {
     for batch in [1usize, 8, 64] {
         let mut best = f64::MAX;
         for _ in 0..2 {
-            let model = cascade_shared::model::load_model(std::path::Path::new(dir), &Device::Cpu).expect("model");
+            let model = cascade_shared::model::load_model(std::path::Path::new(dir), &Device::Cpu)
+                .expect("model");
             let vocab = model.config().vocab_size as u32;
             let mut engine = Engine::new(model, 0, batch, vec![]).expect("engine");
             for r in 0..batch as u64 {
@@ -28,10 +32,16 @@ fn main() {
                     .submit(Job {
                         tag: r,
                         prompt_id: r,
-                        prompt_ids: (0..plen as u32).map(|i| (r as u32 * 31 + i * 17) % vocab).collect(),
+                        prompt_ids: (0..plen as u32)
+                            .map(|i| (r as u32 * 31 + i * 17) % vocab)
+                            .collect(),
                         mode: Mode::NoThink,
                         group_size: 1,
-                        params: GenParams { sampling: SamplingParams::plain(), max_new_tokens: steps + 1, seed: 0 },
+                        params: GenParams {
+                            sampling: SamplingParams::plain(),
+                            max_new_tokens: steps + 1,
+                            seed: 0,
+                        },
                     })
                     .expect("submit");
             }

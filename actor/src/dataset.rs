@@ -48,14 +48,23 @@ fn required_fields(kind: StageKind) -> &'static [&'static [&'static str]] {
 }
 
 /// Parses one line (`line` is 1-based, for messages).
-pub fn parse_line(path: &Path, line: usize, text: &str, default_id: u64, kind: StageKind) -> Result<PromptRecord> {
+pub fn parse_line(
+    path: &Path,
+    line: usize,
+    text: &str,
+    default_id: u64,
+    kind: StageKind,
+) -> Result<PromptRecord> {
     let bad = |reason: String| ActorError::Dataset {
         path: path.to_path_buf(),
         line,
         reason,
     };
-    let value: Value = serde_json::from_str(text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
-    let obj = value.as_object().ok_or_else(|| bad("expected a JSON object".into()))?;
+    let value: Value =
+        serde_json::from_str(text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+    let obj = value
+        .as_object()
+        .ok_or_else(|| bad("expected a JSON object".into()))?;
     let messages = match (obj.get("prompt"), obj.get("messages")) {
         (Some(Value::String(p)), None) => vec![Message::user(p.clone())],
         (None, Some(Value::Array(list))) => {
@@ -65,7 +74,11 @@ pub fn parse_line(path: &Path, line: usize, text: &str, default_id: u64, kind: S
                 let content = m.get("content").and_then(Value::as_str);
                 match (role, content) {
                     (Some(r), Some(c)) => out.push(Message::new(r, c)),
-                    _ => return Err(bad(format!("messages[{i}] needs string `role` and `content`"))),
+                    _ => {
+                        return Err(bad(format!(
+                            "messages[{i}] needs string `role` and `content`"
+                        )))
+                    }
                 }
             }
             if out.last().map(|m| m.role.as_str()) != Some("user") {
@@ -73,21 +86,29 @@ pub fn parse_line(path: &Path, line: usize, text: &str, default_id: u64, kind: S
             }
             out
         }
-        (Some(_), Some(_)) => return Err(bad("give either `prompt` or `messages`, not both".into())),
+        (Some(_), Some(_)) => {
+            return Err(bad("give either `prompt` or `messages`, not both".into()))
+        }
         (Some(_), None) => return Err(bad("`prompt` must be a string".into())),
         (None, Some(_)) => return Err(bad("`messages` must be a list".into())),
         (None, None) => return Err(bad("no `prompt` or `messages`".into())),
     };
     let id = match obj.get("id") {
         None => default_id,
-        Some(v) => v.as_u64().ok_or_else(|| bad(format!("`id` must be a non-negative integer, got {v}")))?,
+        Some(v) => v
+            .as_u64()
+            .ok_or_else(|| bad(format!("`id` must be a non-negative integer, got {v}")))?,
     };
-    if kind == StageKind::Code && obj.contains_key("test_code") && !obj.contains_key("entry_point") {
+    if kind == StageKind::Code && obj.contains_key("test_code") && !obj.contains_key("entry_point")
+    {
         return Err(bad("`test_code` needs `entry_point`".into()));
     }
     for alternatives in required_fields(kind) {
         if !alternatives.iter().any(|f| obj.contains_key(*f)) {
-            return Err(bad(format!("a {kind} prompt needs `{}`", alternatives.join("` or `"))));
+            return Err(bad(format!(
+                "a {kind} prompt needs `{}`",
+                alternatives.join("` or `")
+            )));
         }
     }
     Ok(PromptRecord {
@@ -152,17 +173,39 @@ mod tests {
 
     #[test]
     fn a_malformed_line_names_file_and_line() {
-        let e = load("{\"prompt\": \"a\", \"answer\": \"1\"}\n{\"prompt\": \"b\"\n", StageKind::Math).unwrap_err();
+        let e = load(
+            "{\"prompt\": \"a\", \"answer\": \"1\"}\n{\"prompt\": \"b\"\n",
+            StageKind::Math,
+        )
+        .unwrap_err();
         let msg = e.to_string();
-        assert!(msg.contains("data.jsonl:2") && msg.contains("JSON"), "{msg}");
-        let e = load("{\"prompt\": \"a\"}\n", StageKind::Math).unwrap_err().to_string();
+        assert!(
+            msg.contains("data.jsonl:2") && msg.contains("JSON"),
+            "{msg}"
+        );
+        let e = load("{\"prompt\": \"a\"}\n", StageKind::Math)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains(":1:") && e.contains("answer"), "{e}");
-        let e = load("{\"prompt\": \"a\", \"test_code\": \"x\"}\n", StageKind::Code).unwrap_err().to_string();
+        let e = load(
+            "{\"prompt\": \"a\", \"test_code\": \"x\"}\n",
+            StageKind::Code,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("entry_point"), "{e}");
-        let e = load("{\"messages\": [{\"role\": \"user\"}]}\n", StageKind::Rlhf).unwrap_err().to_string();
+        let e = load("{\"messages\": [{\"role\": \"user\"}]}\n", StageKind::Rlhf)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("messages[0]"), "{e}");
-        let e = load("{\"prompt\": \"a\", \"id\": -1}\n", StageKind::Rlhf).unwrap_err().to_string();
+        let e = load("{\"prompt\": \"a\", \"id\": -1}\n", StageKind::Rlhf)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("`id`"), "{e}");
-        assert!(load("{\"prompt\": \"a\", \"instruction_id_list\": [], \"kwargs\": []}\n", StageKind::If).is_ok());
+        assert!(load(
+            "{\"prompt\": \"a\", \"instruction_id_list\": [], \"kwargs\": []}\n",
+            StageKind::If
+        )
+        .is_ok());
     }
 }

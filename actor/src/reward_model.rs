@@ -30,7 +30,9 @@ pub struct RewardModel {
 
 impl std::fmt::Debug for RewardModel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RewardModel").field("max_batch", &self.max_batch).finish()
+        f.debug_struct("RewardModel")
+            .field("max_batch", &self.max_batch)
+            .finish()
     }
 }
 
@@ -39,7 +41,8 @@ impl RewardModel {
     pub fn load(dir: &Path, device: &Device) -> Result<RewardModel> {
         let model = load_model(dir, device)?;
         let hidden = model.config().hidden_size;
-        let head = Checkpoint::open_dir(dir)?.load(SCORE_WEIGHT, &[1, hidden], model.dtype(), device)?;
+        let head =
+            Checkpoint::open_dir(dir)?.load(SCORE_WEIGHT, &[1, hidden], model.dtype(), device)?;
         let chat = Chat::from_dir(dir)?;
         RewardModel::new(model, head, chat)
     }
@@ -107,9 +110,14 @@ impl RewardModel {
         let hidden = self.model.forward_hidden(&ids, Some(&mask))?; // (n, width, h)
         let last: Vec<u32> = seqs.iter().map(|s| (s.len() - 1) as u32).collect();
         let h = self.model.config().hidden_size;
-        let idx = Tensor::from_vec(last, (n, 1, 1), dev)?.broadcast_as((n, 1, h))?.contiguous()?;
+        let idx = Tensor::from_vec(last, (n, 1, 1), dev)?
+            .broadcast_as((n, 1, h))?
+            .contiguous()?;
         let last_hidden = hidden.gather(&idx, 1)?.squeeze(1)?; // (n, h)
-        let scores = last_hidden.matmul(&self.head)?.squeeze(1)?.to_dtype(DType::F32)?;
+        let scores = last_hidden
+            .matmul(&self.head)?
+            .squeeze(1)?
+            .to_dtype(DType::F32)?;
         Ok(scores.to_vec1()?)
     }
 
@@ -131,7 +139,11 @@ fn prompt_of(reference: &serde_json::Value) -> std::result::Result<&str, VerifyE
     reference
         .get("messages")
         .and_then(|m| m.as_array())
-        .and_then(|m| m.iter().rev().find(|m| m.get("role").and_then(|r| r.as_str()) == Some("user")))
+        .and_then(|m| {
+            m.iter()
+                .rev()
+                .find(|m| m.get("role").and_then(|r| r.as_str()) == Some("user"))
+        })
         .and_then(|m| m.get("content"))
         .and_then(|c| c.as_str())
         .ok_or_else(|| VerifyError::BadReference {
@@ -147,7 +159,11 @@ impl Verifier for RewardModel {
 
     /// Scores the final answer (a thinking response without `</think>` has none: the score is
     /// the model's score of an empty answer).
-    fn verify(&self, reference: &serde_json::Value, response: &SplitResponse<'_>) -> std::result::Result<Reward, VerifyError> {
+    fn verify(
+        &self,
+        reference: &serde_json::Value,
+        response: &SplitResponse<'_>,
+    ) -> std::result::Result<Reward, VerifyError> {
         let prompt = prompt_of(reference)?;
         let answer = response.answer.unwrap_or("");
         let score = self

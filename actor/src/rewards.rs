@@ -81,7 +81,9 @@ pub struct RewardPipeline {
 
 impl std::fmt::Debug for RewardPipeline {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RewardPipeline").field("workers", &self.workers.len()).finish()
+        f.debug_struct("RewardPipeline")
+            .field("workers", &self.workers.len())
+            .finish()
     }
 }
 
@@ -95,7 +97,9 @@ impl RewardPipeline {
         sink: Box<dyn RolloutSink + Send>,
     ) -> Result<RewardPipeline> {
         if workers == 0 || capacity == 0 {
-            return Err(ActorError::Invalid("the reward pool needs >= 1 worker and capacity >= 1".into()));
+            return Err(ActorError::Invalid(
+                "the reward pool needs >= 1 worker and capacity >= 1".into(),
+            ));
         }
         let (tx, rx) = flume::bounded::<ScoreTask>(capacity);
         let (scored_tx, scored_rx) = flume::bounded::<Scored>(capacity);
@@ -126,8 +130,9 @@ impl RewardPipeline {
     /// Fails when the pipeline stopped (the writer failed: see [`RewardPipeline::finish`]).
     pub fn submit(&self, task: ScoreTask) -> Result<()> {
         let tx = self.tx.as_ref().expect("pipeline open until finish");
-        tx.send(task)
-            .map_err(|_| ActorError::Pipeline("the reward pipeline stopped (see the writer's error)".into()))
+        tx.send(task).map_err(|_| {
+            ActorError::Pipeline("the reward pipeline stopped (see the writer's error)".into())
+        })
     }
 
     /// Whether the pipeline still runs.
@@ -141,7 +146,9 @@ impl RewardPipeline {
         self.tx.take();
         let mut scored = 0;
         for w in self.workers.drain(..) {
-            scored += w.join().map_err(|_| ActorError::Pipeline("a reward worker panicked".into()))?;
+            scored += w
+                .join()
+                .map_err(|_| ActorError::Pipeline("a reward worker panicked".into()))?;
         }
         let writer = self.writer.take().expect("writer until finish");
         let mut stats = writer
@@ -175,13 +182,29 @@ fn score(task: &ScoreTask, detok: &Detokenize) -> Sample {
     let (reward, parts) = match detok(&f.response_ids) {
         Err(e) => {
             tracing::warn!("prompt {}: response does not decode: {e}", f.job.prompt_id);
-            (0.0, vec![(verifier.name().to_string(), 0.0), ("decode_error".into(), 1.0)])
+            (
+                0.0,
+                vec![
+                    (verifier.name().to_string(), 0.0),
+                    ("decode_error".into(), 1.0),
+                ],
+            )
         }
         Ok(text) => match verifier.verify(&task.ctx.reference, &split_response(&text)) {
             Ok(r) => (r.reward, breakdown(verifier.name(), r.reward, &r.details)),
             Err(e) => {
-                tracing::warn!("prompt {}: verifier {}: {e}", f.job.prompt_id, verifier.name());
-                (0.0, vec![(verifier.name().to_string(), 0.0), ("verify_error".into(), 1.0)])
+                tracing::warn!(
+                    "prompt {}: verifier {}: {e}",
+                    f.job.prompt_id,
+                    verifier.name()
+                );
+                (
+                    0.0,
+                    vec![
+                        (verifier.name().to_string(), 0.0),
+                        ("verify_error".into(), 1.0),
+                    ],
+                )
             }
         },
     };
@@ -213,12 +236,19 @@ fn worker(rx: flume::Receiver<ScoreTask>, out: flume::Sender<Scored>, detok: Det
 
 /// Collects the samples of each group (one group per submitted job) and writes complete
 /// groups, samples in index order.
-fn write_groups(rx: flume::Receiver<Scored>, mut sink: Box<dyn RolloutSink + Send>) -> Result<PipelineStats> {
+fn write_groups(
+    rx: flume::Receiver<Scored>,
+    mut sink: Box<dyn RolloutSink + Send>,
+) -> Result<PipelineStats> {
     let mut stats = PipelineStats::default();
     let mut pending: HashMap<usize, Vec<Scored>> = HashMap::new();
     for s in rx.iter() {
         stats.samples += 1;
-        if s.sample.reward_breakdown.iter().any(|(k, _)| k == "verify_error") {
+        if s.sample
+            .reward_breakdown
+            .iter()
+            .any(|(k, _)| k == "verify_error")
+        {
             stats.verify_errors += 1;
         }
         let job = Arc::as_ptr(&s.task.sample.job) as usize;

@@ -106,7 +106,11 @@ pub fn choose_mode(seed: u64, prompt_id: u64, epoch: u64, mode_mix: f64) -> Mode
 }
 
 /// The verifier of a stage.
-pub fn build_verifier(stage: &StageConfig, config: &RunConfig, device: &Device) -> Result<Arc<dyn Verifier>> {
+pub fn build_verifier(
+    stage: &StageConfig,
+    config: &RunConfig,
+    device: &Device,
+) -> Result<Arc<dyn Verifier>> {
     let v = &stage.verifier;
     Ok(match stage.kind {
         StageKind::Math => Arc::new(MathVerifier::new(MathConfig {
@@ -131,11 +135,19 @@ pub fn build_verifier(stage: &StageConfig, config: &RunConfig, device: &Device) 
         StageKind::Swe => Arc::new(SweVerifier::default()),
         StageKind::Rlhf => {
             let dir = v.reward_model.as_ref().ok_or_else(|| {
-                ActorError::Invalid(format!("stage {}: rlhf needs verifier.reward_model", stage.name))
+                ActorError::Invalid(format!(
+                    "stage {}: rlhf needs verifier.reward_model",
+                    stage.name
+                ))
             })?;
             Arc::new(RewardModel::load(&config.resolve(dir), device)?)
         }
-        StageKind::Sft => return Err(ActorError::Invalid(format!("stage {} is SFT: no rollouts", stage.name))),
+        StageKind::Sft => {
+            return Err(ActorError::Invalid(format!(
+                "stage {} is SFT: no rollouts",
+                stage.name
+            )))
+        }
     })
 }
 
@@ -159,7 +171,9 @@ impl Stage {
         let config = cfg
             .stages
             .get(index as usize)
-            .ok_or_else(|| ActorError::Invalid(format!("stage index {index} is not in the run config")))?
+            .ok_or_else(|| {
+                ActorError::Invalid(format!("stage index {index} is not in the run config"))
+            })?
             .clone();
         let dataset = Dataset::load(cfg.resolve(&config.dataset), config.kind)?;
         let verifier = build_verifier(&config, cfg, &opts.device)?;
@@ -171,9 +185,9 @@ impl Stage {
             top_p: Some(o.top_p.unwrap_or(config.top_p)),
         };
         sampling.validate()?;
-        let max_new_tokens = o
-            .max_new_tokens
-            .unwrap_or_else(|| config.max_response_tokens_at(stage_step as usize, cfg.actor.max_new_tokens));
+        let max_new_tokens = o.max_new_tokens.unwrap_or_else(|| {
+            config.max_response_tokens_at(stage_step as usize, cfg.actor.max_new_tokens)
+        });
         let group_size = o.group_size.unwrap_or(config.group_size);
         let mut stage = Stage {
             index,
@@ -196,14 +210,20 @@ impl Stage {
 
     /// This actor's share of the prompts, in a seeded order per epoch.
     fn shuffle(&mut self, opts: &ActorOptions) {
-        let actors = opts.config.devices.num_actors.max(1) as u64;
+        let actors = opts.config.devices.actor_assignment().len().max(1) as u64;
         let mine = opts.actor_id as u64 % actors;
         let mut order: Vec<usize> = (0..self.dataset.prompts.len())
             .filter(|i| *i as u64 % actors == mine || self.dataset.prompts.len() as u64 <= mine)
             .collect();
         let seed = self.params.seed ^ ORDER_SALT;
         let epoch = self.epoch;
-        order.sort_by_key(|&i| uniform_bits(&SampleKey { seed, stream: i as u64, position: epoch }));
+        order.sort_by_key(|&i| {
+            uniform_bits(&SampleKey {
+                seed,
+                stream: i as u64,
+                position: epoch,
+            })
+        });
         self.order = order;
         self.cursor = 0;
     }
@@ -239,7 +259,9 @@ fn initial_model(opts: &ActorOptions) -> Result<(CausalLm, Chat)> {
     let tok_dir = match &init.tokenizer {
         Some(t) => opts.config.resolve(t),
         None => {
-            let d = opts.run_dir.join(format!("actor-{}-tokenizer", opts.actor_id));
+            let d = opts
+                .run_dir
+                .join(format!("actor-{}-tokenizer", opts.actor_id));
             cascade_shared::tokenizer::write_tiny_tokenizer(&d)
                 .map_err(|e| ActorError::Invalid(format!("writing the tiny tokenizer: {e}")))?;
             d
@@ -276,12 +298,22 @@ pub fn run_actor(opts: ActorOptions) -> Result<RunSummary> {
 pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSummary> {
     let started = Instant::now();
     let seed = mix(opts.config.actor.seed, u64::from(opts.actor_id));
-    let mut watch = SnapshotWatch::new(opts.run_dir.join("snapshots"), opts.actor_id, opts.device.clone());
+    let mut watch = SnapshotWatch::new(
+        opts.run_dir.join("snapshots"),
+        opts.actor_id,
+        opts.device.clone(),
+    );
     // 1. Weights: the newest valid snapshot, else the run's initial model (version 0).
     let (model, chat, version, mut stage_index, mut stage_step) = match watch.poll(None)? {
         Some(w) => {
             let chat = Chat::from_dir(&w.dir)?;
-            (w.model, chat, w.version, w.state.stage_index, w.state.stage_step)
+            (
+                w.model,
+                chat,
+                w.version,
+                w.state.stage_index,
+                w.state.stage_step,
+            )
         }
         None => {
             let (m, c) = initial_model(&opts)?;
@@ -292,16 +324,26 @@ pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSu
     let chat = Arc::new(chat);
     let stop_ids = chat.tokenizer().special().stop_ids();
     let mut engine = Engine::new(model, version, opts.config.actor.gen_batch.max(1), stop_ids)?;
-    let mut stage = loop {
-        match rl_stage_from(&opts.config, stage_index) {
-            Some(i) => break Stage::open(&opts, i, if i == stage_index { stage_step } else { 0 }, seed)?,
-            None => return Err(ActorError::Invalid("the run config has no RL stage left".into())),
+    let mut stage = match rl_stage_from(&opts.config, stage_index) {
+        Some(i) => Stage::open(
+            &opts,
+            i,
+            if i == stage_index { stage_step } else { 0 },
+            seed,
+        )?,
+        None => {
+            return Err(ActorError::Invalid(
+                "the run config has no RL stage left".into(),
+            ))
         }
     };
+    stage_index = stage.index;
     // 2. The reward pipeline and the replay writer.
     let replay = &opts.config.replay;
     let sink = ReplaySink::open(
-        opts.run_dir.join("replay").join(format!("actor-{}", opts.actor_id)),
+        opts.run_dir
+            .join("replay")
+            .join(format!("actor-{}", opts.actor_id)),
         WriterOptions {
             segment_size: replay.segment_bytes,
             max_segments: replay.max_segments,
@@ -312,10 +354,20 @@ pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSu
         },
     )?;
     let detok_chat = chat.clone();
-    let detok: Detokenize = Arc::new(move |ids: &[u32]| detok_chat.tokenizer().decode(ids, true).map_err(|e| e.to_string()));
+    let detok: Detokenize = Arc::new(move |ids: &[u32]| {
+        detok_chat
+            .tokenizer()
+            .decode(ids, true)
+            .map_err(|e| e.to_string())
+    });
     let workers = opts.config.actor.reward_workers.max(1);
     let capacity = (opts.config.actor.gen_batch * 2).max(4);
-    let pipeline = RewardPipeline::start(workers, capacity, detok, Box::new(sink) as Box<dyn RolloutSink + Send>)?;
+    let pipeline = RewardPipeline::start(
+        workers,
+        capacity,
+        detok,
+        Box::new(sink) as Box<dyn RolloutSink + Send>,
+    )?;
     // 3. The loop.
     let mut contexts: HashMap<u64, (Arc<GroupContext>, usize)> = HashMap::new();
     let mut next_tag = 0u64;
@@ -323,7 +375,8 @@ pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSu
     let mut loaded = 0u64;
     let result = (|| -> Result<()> {
         loop {
-            let stopping = stop.load(Ordering::Relaxed) || opts.max_groups.is_some_and(|m| submitted >= m);
+            let stopping =
+                stop.load(Ordering::Relaxed) || opts.max_groups.is_some_and(|m| submitted >= m);
             if stopping && engine.is_idle() {
                 return Ok(());
             }
@@ -334,19 +387,30 @@ pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSu
                 let new_index = rl_stage_from(&opts.config, w.state.stage_index);
                 match new_index {
                     Some(i) if i != stage.index || w.state.stage_step != stage_step => {
-                        stage_step = if i == w.state.stage_index { w.state.stage_step } else { 0 };
+                        stage_step = if i == w.state.stage_index {
+                            w.state.stage_step
+                        } else {
+                            0
+                        };
                         if i != stage.index {
                             stage = Stage::open(&opts, i, stage_step, seed)?;
                         } else {
-                            stage.params.max_new_tokens = opts.overrides.max_new_tokens.unwrap_or_else(|| {
-                                stage.config.max_response_tokens_at(stage_step as usize, opts.config.actor.max_new_tokens)
-                            });
+                            stage.params.max_new_tokens =
+                                opts.overrides.max_new_tokens.unwrap_or_else(|| {
+                                    stage.config.max_response_tokens_at(
+                                        stage_step as usize,
+                                        opts.config.actor.max_new_tokens,
+                                    )
+                                });
                         }
                         stage_index = i;
                     }
                     Some(_) => {}
                     None => {
-                        tracing::info!("no RL stage left after stage {}; stopping", w.state.stage_index);
+                        tracing::info!(
+                            "no RL stage left after stage {}; stopping",
+                            w.state.stage_index
+                        );
                         stop.store(true, Ordering::Relaxed);
                     }
                 }
@@ -385,7 +449,11 @@ pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSu
                     submitted += 1;
                 } else {
                     for s in engine.take_skipped() {
-                        tracing::warn!("prompt {} skipped: {} tokens do not fit the context", s.prompt_id, s.prompt_len);
+                        tracing::warn!(
+                            "prompt {} skipped: {} tokens do not fit the context",
+                            s.prompt_id,
+                            s.prompt_len
+                        );
                     }
                 }
             }

@@ -88,14 +88,26 @@ impl SnapshotWatch {
         let dir = self.snapshots_dir.join(snapshot::version_dir_name(latest));
         match load_weights(&dir, running, &self.device) {
             Ok(loaded) => {
-                tracing::info!(version = latest, "actor {} loaded snapshot {}", self.actor_id, dir.display());
+                tracing::info!(
+                    version = latest,
+                    "actor {} loaded snapshot {}",
+                    self.actor_id,
+                    dir.display()
+                );
                 self.current = Some(latest);
                 Ok(Some(loaded))
             }
             Err(e) => {
                 self.refused += 1;
-                tracing::warn!("actor {} refuses snapshot {}: {e}; keeping the current weights", self.actor_id, dir.display());
-                eprintln!("warning: refusing snapshot {}: {e}; keeping the current weights", dir.display());
+                tracing::warn!(
+                    "actor {} refuses snapshot {}: {e}; keeping the current weights",
+                    self.actor_id,
+                    dir.display()
+                );
+                eprintln!(
+                    "warning: refusing snapshot {}: {e}; keeping the current weights",
+                    dir.display()
+                );
                 match self.current {
                     Some(c) => self.write_ack(c)?,
                     None => self.remove_ack()?,
@@ -106,7 +118,9 @@ impl SnapshotWatch {
     }
 
     fn ack_path(&self) -> PathBuf {
-        self.snapshots_dir.join(ACKS_DIR).join(format!("actor-{}", self.actor_id))
+        self.snapshots_dir
+            .join(ACKS_DIR)
+            .join(format!("actor-{}", self.actor_id))
     }
 
     /// Writes `acks/actor-I` atomically (tmp file + rename).
@@ -130,13 +144,18 @@ impl SnapshotWatch {
 
 /// Verifies the snapshot in `dir` and loads its weights (a deep copy out of the mapping),
 /// shape-checked against `running` (or the snapshot's own `config.json` when `None`).
-pub fn load_weights(dir: &Path, running: Option<&ModelConfig>, device: &Device) -> Result<LoadedWeights> {
+pub fn load_weights(
+    dir: &Path,
+    running: Option<&ModelConfig>,
+    device: &Device,
+) -> Result<LoadedWeights> {
     let refuse = |reason: String| ActorError::Snapshot {
         path: dir.to_path_buf(),
         reason,
     };
     let loaded = snapshot::load_snapshot(dir).map_err(|e| refuse(e.to_string()))?;
-    let own = ModelConfig::from_file(&dir.join(snapshot::CONFIG_FILE)).map_err(|e| refuse(e.to_string()))?;
+    let own = ModelConfig::from_file(&dir.join(snapshot::CONFIG_FILE))
+        .map_err(|e| refuse(e.to_string()))?;
     let cfg = running.unwrap_or(&own);
     let tensors = Checkpoint::open_dir(dir)
         .and_then(|c| c.load_all(cfg, compute_dtype(device), device))

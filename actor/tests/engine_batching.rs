@@ -23,7 +23,9 @@ fn job(prompt_id: u64, len: usize, group_size: usize, max_new: usize) -> Job {
     Job {
         tag: prompt_id,
         prompt_id,
-        prompt_ids: (0..len as u32).map(|i| (i * 7 + prompt_id as u32 * 13) % 250).collect(),
+        prompt_ids: (0..len as u32)
+            .map(|i| (i * 7 + prompt_id as u32 * 13) % 250)
+            .collect(),
         mode: Mode::Think,
         group_size,
         params: params(max_new),
@@ -39,7 +41,9 @@ fn continuous_batching_gives_the_tokens_of_generating_alone() {
     let stop = vec![3, 5, 11];
     // Batched: 5 prompts of different lengths and budgets through 3 slots (refills happen).
     let mut batched = Engine::new(common::tiny_model(1, 256), 0, 3, stop.clone()).unwrap();
-    let jobs: Vec<Job> = (0..5).map(|p| job(p, 3 + 4 * p as usize, 2, 6 + 5 * p as usize)).collect();
+    let jobs: Vec<Job> = (0..5)
+        .map(|p| job(p, 3 + 4 * p as usize, 2, 6 + 5 * p as usize))
+        .collect();
     for j in &jobs {
         assert!(batched.submit(j.clone()).unwrap());
     }
@@ -56,7 +60,10 @@ fn continuous_batching_gives_the_tokens_of_generating_alone() {
         j.group_size = 2; // same key streams
         alone.submit(j).unwrap();
         let single: Vec<Finished> = alone.run_to_completion().unwrap();
-        let s = single.iter().find(|s| s.sample_index == f.sample_index).unwrap();
+        let s = single
+            .iter()
+            .find(|s| s.sample_index == f.sample_index)
+            .unwrap();
         total += 1;
         if s.response_ids == f.response_ids {
             same += 1;
@@ -91,19 +98,34 @@ fn finish_reasons_and_lengths() {
         assert_eq!(f.response_ids.len(), 9);
         assert_eq!(f.logprobs.len(), 9);
         assert!(f.logprobs.iter().all(|l| *l <= 0.0 && l.is_finite()));
-        assert_eq!(f.versions, vec![VersionSpan { start_token: 0, version: 0 }]);
+        assert_eq!(
+            f.versions,
+            vec![VersionSpan {
+                start_token: 0,
+                version: 0
+            }]
+        );
     }
     // Half the vocabulary stops: samples end early at a stop token, which is kept.
     let stop: Vec<u32> = (0..132).collect();
     let mut e = Engine::new(common::tiny_model(3, 256), 0, 4, stop.clone()).unwrap();
     e.submit(job(1, 5, 16, 40)).unwrap();
     let out = e.run_to_completion().unwrap();
-    let stopped: Vec<&Finished> = out.iter().filter(|f| f.finish_reason == FinishReason::Stop).collect();
-    assert!(stopped.len() >= 12, "most samples stop early ({} of 16)", stopped.len());
+    let stopped: Vec<&Finished> = out
+        .iter()
+        .filter(|f| f.finish_reason == FinishReason::Stop)
+        .collect();
+    assert!(
+        stopped.len() >= 12,
+        "most samples stop early ({} of 16)",
+        stopped.len()
+    );
     for f in stopped {
         let last = *f.response_ids.last().unwrap();
         assert!(stop.contains(&last));
-        assert!(f.response_ids[..f.response_ids.len() - 1].iter().all(|t| !stop.contains(t)));
+        assert!(f.response_ids[..f.response_ids.len() - 1]
+            .iter()
+            .all(|t| !stop.contains(t)));
     }
     // The end of the context stops a sample too (finish reason Length).
     let mut e = Engine::new(common::tiny_model(3, 24), 0, 2, vec![]).unwrap();
@@ -122,7 +144,10 @@ fn prompts_longer_than_the_context_are_skipped_and_counted() {
     assert!(e.submit(job(2, 8, 2, 4)).unwrap());
     assert_eq!(e.stats().skipped_prompts, 2);
     let skipped = e.take_skipped();
-    assert_eq!(skipped.iter().map(|s| s.prompt_id).collect::<Vec<_>>(), vec![0, 1]);
+    assert_eq!(
+        skipped.iter().map(|s| s.prompt_id).collect::<Vec<_>>(),
+        vec![0, 1]
+    );
     let out = e.run_to_completion().unwrap();
     assert_eq!(out.len(), 2);
 }
@@ -143,8 +168,14 @@ fn a_weight_swap_mid_sequence_is_recorded_per_token() {
         assert_eq!(
             f.versions,
             vec![
-                VersionSpan { start_token: 0, version: 3 },
-                VersionSpan { start_token: 4, version: 4 }
+                VersionSpan {
+                    start_token: 0,
+                    version: 3
+                },
+                VersionSpan {
+                    start_token: 4,
+                    version: 4
+                }
             ]
         );
         assert_eq!(f.response_ids.len(), 10);

@@ -25,12 +25,22 @@ impl Verifier for LenVerifier {
     fn name(&self) -> &'static str {
         "len"
     }
-    fn verify(&self, reference: &serde_json::Value, response: &SplitResponse<'_>) -> Result<Reward, VerifyError> {
+    fn verify(
+        &self,
+        reference: &serde_json::Value,
+        response: &SplitResponse<'_>,
+    ) -> Result<Reward, VerifyError> {
         if reference.get("ok").is_none() {
-            return Err(VerifyError::BadReference { field: "ok".into(), problem: "missing".into() });
+            return Err(VerifyError::BadReference {
+                field: "ok".into(),
+                problem: "missing".into(),
+            });
         }
         let n = response.full.chars().count() as f32;
-        Ok(Reward { reward: n, details: serde_json::json!({ "chars": n }) })
+        Ok(Reward {
+            reward: n,
+            details: serde_json::json!({ "chars": n }),
+        })
     }
 }
 
@@ -52,7 +62,13 @@ impl RolloutSink for MemSink {
 fn the_reward_pool_assembles_groups() {
     let mut engine = Engine::new(common::tiny_model(8, 256), 2, 3, vec![7, 9, 13, 20, 40]).unwrap();
     let sink = MemSink::default();
-    let detok: Detokenize = Arc::new(|ids: &[u32]| Ok(ids.iter().map(|i| char::from(b'a' + (i % 26) as u8)).collect()));
+    let detok: Detokenize = Arc::new(|ids: &[u32]| {
+        Ok::<String, String>(
+            ids.iter()
+                .map(|i| char::from(b'a' + (i % 26) as u8))
+                .collect(),
+        )
+    });
     let pool = RewardPipeline::start(2, 2, detok, Box::new(sink.clone())).unwrap();
     let mut ctxs = Vec::new();
     for p in 0..4u64 {
@@ -63,10 +79,18 @@ fn the_reward_pool_assembles_groups() {
                 prompt_ids: vec![1, 2, 3 + p as u32],
                 mode: Mode::Think,
                 group_size: 3,
-                params: GenParams { sampling: SamplingParams::plain(), max_new_tokens: 5 + 3 * p as usize, seed: 4 },
+                params: GenParams {
+                    sampling: SamplingParams::plain(),
+                    max_new_tokens: 5 + 3 * p as usize,
+                    seed: 4,
+                },
             })
             .unwrap();
-        let reference = if p == 3 { serde_json::json!({}) } else { serde_json::json!({"ok": true}) };
+        let reference = if p == 3 {
+            serde_json::json!({})
+        } else {
+            serde_json::json!({"ok": true})
+        };
         ctxs.push(Arc::new(GroupContext {
             stage: StageKind::If,
             stage_index: 2,
@@ -80,12 +104,23 @@ fn the_reward_pool_assembles_groups() {
         pool.submit(ScoreTask { sample: f, ctx }).unwrap();
     }
     let stats = pool.finish().unwrap();
-    assert_eq!((stats.groups, stats.samples, stats.verify_errors, stats.incomplete_groups), (4, 12, 3, 0));
+    assert_eq!(
+        (
+            stats.groups,
+            stats.samples,
+            stats.verify_errors,
+            stats.incomplete_groups
+        ),
+        (4, 12, 3, 0)
+    );
     let mut groups = sink.0.lock().unwrap().clone();
     groups.sort_by_key(|g| g.prompt_id);
     for (p, g) in groups.iter().enumerate() {
         assert_eq!(g.prompt_id, 100 + p as u64);
-        assert_eq!((g.stage, g.stage_index, g.actor_id, g.mode), (StageKind::If, 2, 5, Mode::Think));
+        assert_eq!(
+            (g.stage, g.stage_index, g.actor_id, g.mode),
+            (StageKind::If, 2, 5, Mode::Think)
+        );
         assert_eq!(g.samples.len(), 3);
         for s in &g.samples {
             assert_eq!(s.behaviour_logprobs.len(), s.response_ids.len());
@@ -93,7 +128,11 @@ fn the_reward_pool_assembles_groups() {
                 assert_eq!(s.reward, 0.0);
                 assert!(s.reward_breakdown.iter().any(|(k, _)| k == "verify_error"));
             } else {
-                assert_eq!(s.reward, s.response_ids.len() as f32, "reward of this sample's own text");
+                assert_eq!(
+                    s.reward,
+                    s.response_ids.len() as f32,
+                    "reward of this sample's own text"
+                );
             }
         }
     }
@@ -103,13 +142,24 @@ fn the_reward_pool_assembles_groups() {
 fn the_actor_loop_writes_groups_that_decode() {
     let dir = tempfile::tempdir().unwrap();
     let base = dir.path();
-    std::fs::write(base.join("model.json"), serde_json::to_string(&common::tiny_config(128).to_hf_json("float32")).unwrap()).unwrap();
+    std::fs::write(
+        base.join("model.json"),
+        serde_json::to_string(&common::tiny_config(128).to_hf_json("float32")).unwrap(),
+    )
+    .unwrap();
     let mut data = String::new();
     for i in 0..5 {
-        data.push_str(&format!("{{\"id\": {}, \"prompt\": \"What is {i}+{i}?\", \"answer\": \"{}\"}}\n", 10 + i, 2 * i));
+        data.push_str(&format!(
+            "{{\"id\": {}, \"prompt\": \"What is {i}+{i}?\", \"answer\": \"{}\"}}\n",
+            10 + i,
+            2 * i
+        ));
     }
     // One prompt longer than the context: skipped and counted, never a crash.
-    data.push_str(&format!("{{\"id\": 99, \"prompt\": \"{}\", \"answer\": \"1\"}}\n", "x".repeat(200)));
+    data.push_str(&format!(
+        "{{\"id\": 99, \"prompt\": \"{}\", \"answer\": \"1\"}}\n",
+        "x".repeat(200)
+    ));
     std::fs::write(base.join("math.jsonl"), data).unwrap();
     let toml = r#"
 [model]
@@ -147,7 +197,8 @@ curriculum_steps = [5]
     let summary = run_actor_with(opts, Arc::new(AtomicBool::new(false))).unwrap();
     assert_eq!(summary.groups, 7);
     assert!(summary.skipped_prompts >= 1, "the long prompt was skipped");
-    let mut source = ReplaySource::open(run_dir.join("replay"), ReaderOptions::default(), None).unwrap();
+    let mut source =
+        ReplaySource::open(run_dir.join("replay"), ReaderOptions::default(), None).unwrap();
     let mut got = Vec::new();
     for _ in 0..50 {
         got.extend(source.recv(Duration::from_millis(20)).unwrap());
@@ -159,11 +210,17 @@ curriculum_steps = [5]
     for r in &got {
         let g = &r.group;
         assert_eq!(r.actor, "actor-1");
-        assert_eq!((g.stage, g.stage_index, g.actor_id), (StageKind::Math, 0, 1));
+        assert_eq!(
+            (g.stage, g.stage_index, g.actor_id),
+            (StageKind::Math, 0, 1)
+        );
         assert!((10..15).contains(&g.prompt_id), "prompt {}", g.prompt_id);
         assert_eq!(g.samples.len(), 3);
         for s in &g.samples {
-            assert!(!s.response_ids.is_empty() && s.response_ids.len() <= 8, "curriculum: 8 tokens at step 0");
+            assert!(
+                !s.response_ids.is_empty() && s.response_ids.len() <= 8,
+                "curriculum: 8 tokens at step 0"
+            );
             assert_eq!(s.behaviour_logprobs.len(), s.response_ids.len());
             assert_eq!(s.policy_versions[0].version, 0);
             assert!(s.reward == 0.0 || s.reward == 1.0);
@@ -171,7 +228,12 @@ curriculum_steps = [5]
         }
     }
     // The think/no-think draw is seeded per prompt and follows mode_mix on average.
-    let think = (0..2000).filter(|p| choose_mode(5, *p, 0, 0.25) == Mode::Think).count();
-    assert!((400..600).contains(&think), "{think} of 2000 in think mode at mix 0.25");
+    let think = (0..2000)
+        .filter(|p| choose_mode(5, *p, 0, 0.25) == Mode::Think)
+        .count();
+    assert!(
+        (400..600).contains(&think),
+        "{think} of 2000 in think mode at mix 0.25"
+    );
     assert_eq!(choose_mode(5, 17, 0, 0.5), choose_mode(5, 17, 0, 0.5));
 }

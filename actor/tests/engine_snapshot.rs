@@ -13,7 +13,11 @@ use cascade_actor::snapshot_watch::SnapshotWatch;
 use cascade_shared::{Mode, VersionSpan};
 
 fn ack(snapshots: &Path) -> u64 {
-    std::fs::read_to_string(snapshots.join("acks/actor-3")).unwrap().trim().parse().unwrap()
+    std::fs::read_to_string(snapshots.join("acks/actor-3"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 fn latest(snapshots: &Path, v: u64) {
@@ -30,7 +34,10 @@ fn bad_snapshots_are_refused_and_generation_goes_on() {
 
     common::publish_tiny(&snaps, 1, &cfg, 11, 2);
     let w = watch.poll(None).unwrap().expect("v1 loads");
-    assert_eq!((w.version, w.state.stage_index, w.state.stage_step), (1, 2, 1));
+    assert_eq!(
+        (w.version, w.state.stage_index, w.state.stage_step),
+        (1, 2, 1)
+    );
     assert_eq!(ack(&snaps), 1);
     let mut engine = Engine::new(w.model, w.version, 2, vec![]).unwrap();
     engine
@@ -40,7 +47,11 @@ fn bad_snapshots_are_refused_and_generation_goes_on() {
             prompt_ids: vec![1, 2, 3, 4],
             mode: Mode::NoThink,
             group_size: 2,
-            params: GenParams { sampling: SamplingParams::plain(), max_new_tokens: 12, seed: 1 },
+            params: GenParams {
+                sampling: SamplingParams::plain(),
+                max_new_tokens: 12,
+                seed: 1,
+            },
         })
         .unwrap();
     engine.step().unwrap();
@@ -75,7 +86,10 @@ fn bad_snapshots_are_refused_and_generation_goes_on() {
 
     // v5 is good: swapped in mid-sequence.
     common::publish_tiny(&snaps, 5, &cfg, 15, 3);
-    let w5 = watch.poll(Some(engine.model().config())).unwrap().expect("v5 loads");
+    let w5 = watch
+        .poll(Some(engine.model().config()))
+        .unwrap()
+        .expect("v5 loads");
     assert_eq!(w5.state.stage_index, 3);
     engine.swap_model(w5.model, w5.version).unwrap();
     assert_eq!(ack(&snaps), 5);
@@ -85,7 +99,16 @@ fn bad_snapshots_are_refused_and_generation_goes_on() {
         assert_eq!(f.response_ids.len(), 12);
         assert_eq!(
             f.versions,
-            vec![VersionSpan { start_token: 0, version: 1 }, VersionSpan { start_token: 4, version: 5 }]
+            vec![
+                VersionSpan {
+                    start_token: 0,
+                    version: 1
+                },
+                VersionSpan {
+                    start_token: 4,
+                    version: 5
+                }
+            ]
         );
     }
     // LATEST pointing back at an older version changes nothing.

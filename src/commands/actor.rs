@@ -79,7 +79,8 @@ pub fn run(args: ActorArgs) -> anyhow::Result<i32> {
     let config = config_args
         .load("", std::path::Path::new("."))
         .with_context(|| format!("loading {}", args.config.display()))?;
-    std::fs::create_dir_all(&args.run_dir).with_context(|| format!("creating {}", args.run_dir.display()))?;
+    std::fs::create_dir_all(&args.run_dir)
+        .with_context(|| format!("creating {}", args.run_dir.display()))?;
     let opts = ActorOptions {
         run_dir: args.run_dir,
         actor_id: args.actor_id,

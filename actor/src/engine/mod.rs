@@ -90,7 +90,9 @@ impl Engine {
     /// of `stop_ids`.
     pub fn new(model: CausalLm, version: u64, slots: usize, stop_ids: Vec<u32>) -> Result<Engine> {
         if slots == 0 {
-            return Err(ActorError::Invalid("the engine needs at least one slot".into()));
+            return Err(ActorError::Invalid(
+                "the engine needs at least one slot".into(),
+            ));
         }
         Ok(Engine {
             model,
@@ -196,13 +198,23 @@ impl Engine {
     pub fn step(&mut self) -> Result<Vec<Finished>> {
         let mut done = Vec::new();
         self.refill(&mut done)?;
-        let active: Vec<usize> = (0..self.rows.len()).filter(|&s| self.rows[s].is_some()).collect();
+        let active: Vec<usize> = (0..self.rows.len())
+            .filter(|&s| self.rows[s].is_some())
+            .collect();
         if active.is_empty() {
             return Ok(done);
         }
         let feed: Vec<(usize, u32)> = active
             .iter()
-            .map(|&s| (s, *self.rows[s].as_ref().and_then(|r| r.response.last()).expect("row has a token")))
+            .map(|&s| {
+                (
+                    s,
+                    *self.rows[s]
+                        .as_ref()
+                        .and_then(|r| r.response.last())
+                        .expect("row has a token"),
+                )
+            })
             .collect();
         let logits = self.model.decode_step(&mut self.batch, &feed)?;
         self.stats.decode_steps += 1;
@@ -234,10 +246,14 @@ impl Engine {
     }
 
     fn refill(&mut self, done: &mut Vec<Finished>) -> Result<()> {
-        let free: Vec<usize> = (0..self.rows.len()).filter(|&s| self.rows[s].is_none()).collect();
+        let free: Vec<usize> = (0..self.rows.len())
+            .filter(|&s| self.rows[s].is_none())
+            .collect();
         let mut new_slots = Vec::new();
         for slot in free {
-            let Some((job, sample_index)) = self.queue.pop_front() else { break };
+            let Some((job, sample_index)) = self.queue.pop_front() else {
+                break;
+            };
             self.rows[slot] = Some(Row {
                 job,
                 sample_index,
@@ -267,7 +283,12 @@ impl Engine {
 
     /// Samples one token per listed slot from `logits` (rows in the order of `slots`), then
     /// finishes the rows that stop.
-    fn sample_into(&mut self, slots: &[usize], logits: &Tensor, done: &mut Vec<Finished>) -> Result<()> {
+    fn sample_into(
+        &mut self,
+        slots: &[usize],
+        logits: &Tensor,
+        done: &mut Vec<Finished>,
+    ) -> Result<()> {
         let logits = logits.to_dtype(candle_core::DType::F32)?;
         let (n, vocab) = logits.dims2()?;
         debug_assert_eq!(n, slots.len());
@@ -275,7 +296,12 @@ impl Engine {
         // Rows of different jobs may use different settings: one sampler call per setting.
         let mut groups: Vec<(SamplingParams, Vec<usize>)> = Vec::new();
         for (i, &s) in slots.iter().enumerate() {
-            let p = self.rows[s].as_ref().expect("active row").job.params.sampling;
+            let p = self.rows[s]
+                .as_ref()
+                .expect("active row")
+                .job
+                .params
+                .sampling;
             match groups.iter_mut().find(|(q, _)| *q == p) {
                 Some((_, idx)) => idx.push(i),
                 None => groups.push((p, vec![i])),

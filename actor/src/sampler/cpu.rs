@@ -67,8 +67,9 @@ fn normaliser(row: &[f32], inv_t: f32, row_index: usize) -> Result<Normaliser> {
         let mut partial = [0.0f32; 8];
         let mut chunks = block.chunks_exact(8);
         for c in &mut chunks {
+            let e: [f32; 8] = std::array::from_fn(|j| exp_neg((c[j] - max_logit) * inv_t));
             for j in 0..8 {
-                partial[j] += exp_neg((c[j] - max_logit) * inv_t);
+                partial[j] += e[j];
             }
         }
         for &x in chunks.remainder() {
@@ -179,7 +180,7 @@ pub fn sample_row(
     let tokens = || {
         row.iter()
             .zip(weights.iter())
-            .map(|(&l, &w)| (order_key(l), quantize(w)))
+            .map(|(&l, &w)| (order_key(l), w))
     };
 
     // Thresholds: top-k first, then top-p within the top-k set.
@@ -192,14 +193,15 @@ pub fn sample_row(
             k as u64,
             0,
             tokens(),
+            quantize,
             &mut scratch.candidates,
         );
         floor = t.key;
         kept_mass = t.mass;
         if top_p.is_some() {
             top = Histogram::default();
-            for (key, q) in tokens().filter(|&(key, _)| key >= floor) {
-                top.add(key >> 24, q);
+            for (key, w) in tokens().filter(|&(key, _)| key >= floor) {
+                top.add(key >> 24, quantize(w));
             }
         }
     }
@@ -211,6 +213,7 @@ pub fn sample_row(
             target,
             floor,
             tokens(),
+            quantize,
             &mut scratch.candidates,
         );
         floor = t.key;
@@ -221,9 +224,9 @@ pub fn sample_row(
     let target = scale_uniform(uniform_bits(key), kept_mass);
     let mut acc = 0u64;
     let mut token = None;
-    for (i, (k, q)) in tokens().enumerate() {
+    for (i, (k, w)) in tokens().enumerate() {
         if k >= floor {
-            acc += q;
+            acc += quantize(w);
             if acc > target {
                 token = Some(i);
                 break;

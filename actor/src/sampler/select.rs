@@ -82,18 +82,22 @@ fn pick_bin(h: &Histogram, by: By, target: u64, above: (u64, u64)) -> Option<(u3
 /// The threshold for `target`, among tokens with key `>= floor`.
 ///
 /// `top` is the histogram of the top digit (`key >> 24`) over exactly those tokens; `tokens`
-/// yields every `(key, weight)` of the row again (it is filtered here), and `candidates` is
-/// scratch space. If the tokens fall short of the target, everything `>= floor` is kept.
-pub fn threshold<I>(
+/// yields every `(key, w)` of the row again (it is filtered here, and only the candidates' `w`
+/// go through `weight` to become integer weights), and `candidates` is scratch space. If the
+/// tokens fall short of the target, everything `>= floor` is kept.
+pub fn threshold<W, I, F>(
     top: &Histogram,
     by: By,
     target: u64,
     floor: u32,
     tokens: I,
+    weight: F,
     candidates: &mut Vec<(u32, u64)>,
 ) -> Threshold
 where
-    I: Iterator<Item = (u32, u64)>,
+    W: Copy,
+    I: Iterator<Item = (u32, W)>,
+    F: Fn(W) -> u64,
 {
     let Some((bin, mut above)) = pick_bin(top, by, target, (0, 0)) else {
         return Threshold {
@@ -104,7 +108,11 @@ where
     };
     let mut prefix = bin << 24;
     candidates.clear();
-    candidates.extend(tokens.filter(|&(k, _)| k >> 24 == bin && k >= floor));
+    candidates.extend(
+        tokens
+            .filter(|&(k, _)| k >> 24 == bin && k >= floor)
+            .map(|(k, w)| (k, weight(w))),
+    );
     for shift in [16u32, 8, 0] {
         let mut h = Histogram::default();
         for &(k, w) in candidates.iter() {
@@ -174,7 +182,15 @@ mod tests {
                 };
                 let target = 1 + u64::from(next()) % total.max(1);
                 let mut cands = Vec::new();
-                let t = threshold(&top, by, target, floor, tokens.iter().copied(), &mut cands);
+                let t = threshold(
+                    &top,
+                    by,
+                    target,
+                    floor,
+                    tokens.iter().copied(),
+                    |w| w,
+                    &mut cands,
+                );
                 assert_eq!(
                     t.key,
                     brute(&tokens, by, target, floor),

@@ -34,7 +34,13 @@ pub fn write_tiny_checkpoint(dir: &Path, seed: u64, max_pos: usize) {
 
 /// Publishes a snapshot of a random tiny model (`cfg`, weights seed `seed`) as `version`
 /// with the learner's own publisher, at stage `stage_index`.
-pub fn publish_tiny(snapshots: &Path, version: u64, cfg: &ModelConfig, seed: u64, stage_index: u32) {
+pub fn publish_tiny(
+    snapshots: &Path,
+    version: u64,
+    cfg: &ModelConfig,
+    seed: u64,
+    stage_index: u32,
+) {
     use cascade_learner::snapshot::{publish, SnapshotInput};
     use cascade_learner::state::{LearnerState, STATE_FORMAT_VERSION};
     use cascade_learner::{rng, AdamW, AdamWConfig, FilterMetrics};
