@@ -31,10 +31,6 @@ impl Linear {
         Linear { weight, bias }
     }
 
-    /// The weight.
-    pub fn weight(&self) -> &Tensor {
-        &self.weight
-    }
 }
 
 impl Module for Linear {

@@ -192,8 +192,8 @@ impl Checkpoint {
             // below is bounds-checked against the parsed header before slicing.
             let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| ModelError::Io { path: path.clone(), source: e })?;
             let st_err = |message: String| ModelError::Safetensors { path: path.clone(), message };
-            let (header_len, meta): (usize, Metadata) =
-                safetensors::SafeTensors::read_metadata(&mmap).map_err(|e| st_err(format!("bad header: {e}")))?;
+            let (header_len, meta): (usize, Metadata) = safetensors::SafeTensors::read_metadata(&mmap)
+                .map_err(|e| st_err(format!("bad header: {e}{}", describe_truncation(&mmap))))?;
             let data_start = 8 + header_len;
             let data_len = mmap.len().saturating_sub(data_start);
             for (name, info) in meta.tensors() {
@@ -291,3 +291,33 @@ pub fn check_tensors(cfg: &ModelConfig, tensors: &HashMap<String, Tensor>) -> Re
     Ok(())
 }
 
+
+/// For a file whose header does not validate, names the first tensor whose data lies past the
+/// end of the file (the usual sign of a truncated download or copy).
+fn describe_truncation(bytes: &[u8]) -> String {
+    let Some(len_bytes) = bytes.get(..8) else {
+        return format!(" (file is {} bytes: truncated)", bytes.len());
+    };
+    let header_len = u64::from_le_bytes(len_bytes.try_into().expect("8 bytes")) as usize;
+    let Some(header) = bytes.get(8..8usize.saturating_add(header_len)) else {
+        return " (header extends past the end of the file: truncated)".into();
+    };
+    let Ok(serde_json::Value::Object(map)) = serde_json::from_slice::<serde_json::Value>(header) else {
+        return String::new();
+    };
+    let data_len = bytes.len() - 8 - header_len;
+    let mut beyond: Vec<(u64, &String)> = map
+        .iter()
+        .filter_map(|(name, info)| {
+            let end = info.get("data_offsets")?.get(1)?.as_u64()?;
+            (end as usize > data_len).then_some((end, name))
+        })
+        .collect();
+    beyond.sort();
+    match beyond.first() {
+        Some((end, name)) => format!(
+            " (tensor `{name}` ends at byte {end} of the data section but only {data_len} bytes are present: truncated)"
+        ),
+        None => String::new(),
+    }
+}
