@@ -1,0 +1,20 @@
+//! The one thing the learner needs from a language model: per-token log-probabilities.
+
+use candle_core::Tensor;
+
+/// A causal LM the learner can train. `cascade_shared::model::CausalLm` implements it with a
+/// one-line forward; tests use small stand-in models.
+pub trait PolicyModel {
+    /// `log p(input_ids[:, i + 1] | input_ids[:, ..= i])` for every position.
+    ///
+    /// * `input_ids`: `(b, t)` u32.
+    /// * `attention_mask`: `(b, t)` u8, 1 on real tokens, 0 on padding (left or right).
+    ///
+    /// Returns `(b, t - 1)` f32. Values at padded positions are arbitrary but finite; the learner
+    /// masks them out.
+    fn token_logprobs(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+    ) -> candle_core::Result<Tensor>;
+}

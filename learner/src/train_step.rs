@@ -1,0 +1,57 @@
+//! One GRPO gradient computation over a batch, micro-batch by micro-batch.
+
+use candle_core::Device;
+
+use crate::batch::GrpoBatch;
+use crate::error::{LearnerError, Result};
+use crate::grpo::{grpo_loss, GrpoConfig, GrpoStats};
+use crate::optim::AdamW;
+use crate::policy::PolicyModel;
+
+/// Runs forward + backward on each micro-batch of at most `micro_batch` rows and adds the
+/// gradients to `optimizer`'s accumulator. Only one micro-batch's activations are alive at a
+/// time, so peak memory follows `micro_batch`, not the batch size. The losses use the
+/// full batch's denominator, so the accumulated gradient equals the full-batch gradient.
+/// The caller then calls [`AdamW::step`] with `stats.loss`.
+pub fn accumulate_grpo_gradients<P, R>(
+    policy: &P,
+    reference: Option<&R>,
+    batch: &GrpoBatch,
+    micro_batch: usize,
+    cfg: &GrpoConfig,
+    optimizer: &mut AdamW,
+    device: &Device,
+) -> Result<GrpoStats>
+where
+    P: PolicyModel + ?Sized,
+    R: PolicyModel + ?Sized,
+{
+    if cfg.kl_coef > 0.0 && reference.is_none() {
+        return Err(LearnerError::InvalidConfig(
+            "kl_coef > 0 needs a reference model".into(),
+        ));
+    }
+    let mut total = GrpoStats::default();
+    for range in batch.micro_batch_ranges(micro_batch) {
+        let mb = batch.micro_batch(range, device)?;
+        let logprobs = policy.token_logprobs(&mb.input_ids, &mb.attention_mask)?;
+        let ref_logprobs = match reference {
+            Some(r) if cfg.kl_coef > 0.0 => Some(
+                r.token_logprobs(&mb.input_ids, &mb.attention_mask)?
+                    .detach(),
+            ),
+            _ => None,
+        };
+        let out = grpo_loss(
+            &logprobs,
+            &mb,
+            ref_logprobs.as_ref(),
+            cfg,
+            batch.normaliser(),
+        )?;
+        let grads = out.loss.backward()?;
+        optimizer.accumulate(&grads)?;
+        total.add(&out.stats);
+    }
+    Ok(total)
+}

@@ -1,0 +1,279 @@
+#!/usr/bin/env python3
+"""Independent PyTorch reference for cascade-learner's GRPO loss and AdamW.
+
+Writes tests/fixtures/grpo/ (small, committed): a tiny stand-in causal LM's weights, a batch of
+rollout groups in the Rust `RolloutGroup` JSON layout, and for several GRPO settings the loss
+and the gradient of every weight, computed with the formula of TRL's GRPOTrainer
+(`_compute_loss`: coef_1 = exp(logp - old_logp), coef_2 = clamp(coef_1, 1 - eps_low,
+1 + eps_high), per_token_loss = -min(coef_1 * A, coef_2 * A), times the truncated importance
+weight when enabled, plus beta * k3 KL; loss_type "dapo"/"bnpo" = token-level, "grpo" =
+sequence-level), and torch.optim.AdamW + clip_grad_norm_ trajectories. The Rust tests in
+learner/tests/ compare against these files; Python is not needed at test time.
+
+Usage: python scripts/grpo_reference.py [--out tests/fixtures/grpo]
+       python scripts/grpo_reference.py --self-check   (used by scripts/setup-torch-ref.sh)
+Environment: scripts/setup-torch-ref.sh prints the python to use.
+
+The stand-in LM (defined identically in learner/tests/common/mod.rs), per sequence x_0..x_{t-1}:
+  e_i = E[x_i]; c_i = mean_{j<=i} e_j; h_i = tanh(e_i + c_i M^T); logits_i = h_i U^T
+with E = embed.weight (V, D), M = mix.weight (D, D), U = lm_head.weight (V, D).
+Each sequence is run unpadded here (the Rust side pads), so padding bugs cannot cancel out.
+"""
+import argparse
+import json
+import os
+import sys
+import types
+
+
+def install_shim():
+    """transformers 4.51.3 on Debian's torch 1.13: stub the few torch attributes it touches at import."""
+    import torch
+    import torch.distributed
+    if "torch.distributed.tensor" not in sys.modules:
+        m = types.ModuleType("torch.distributed.tensor")
+
+        class DTensor:  # never instantiated
+            pass
+
+        m.DTensor = DTensor
+        sys.modules["torch.distributed.tensor"] = m
+        torch.distributed.tensor = m
+    if not hasattr(torch, "compiler"):
+        c = types.ModuleType("torch.compiler")
+
+        def disable(fn=None, recursive=True):
+            if fn is None:
+                return lambda f: f
+            return fn
+
+        c.disable = disable
+        c.is_compiling = lambda: False
+        c.is_dynamo_compiling = lambda: False
+        sys.modules["torch.compiler"] = c
+        torch.compiler = c
+
+    class _FakeDtype:
+        def __init__(self, name):
+            self.name = name
+
+        def __repr__(self):
+            return f"torch.{self.name}(shim)"
+
+    for n in ["float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu",
+              "uint16", "uint32", "uint64"]:
+        if not hasattr(torch, n):
+            setattr(torch, n, _FakeDtype(n))
+
+
+def self_check():
+    install_shim()
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3Config
+    cfg = Qwen3Config(vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=4)
+    AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", torch_dtype=torch.float32)
+    print("ok")
+
+
+
+V, D = 32, 16
+SEED = 1234
+
+
+def stand_in_logprobs(W, ids):
+    """log p(ids[i+1] | ids[..=i]) for one unpadded sequence, shape (t-1,)."""
+    import torch
+    x = W["embed.weight"][ids]                                   # (t, D)
+    counts = torch.arange(1, len(ids) + 1, dtype=torch.float32)[:, None]
+    prefix = torch.cumsum(x, dim=0) / counts                     # (t, D)
+    h = torch.tanh(x + prefix @ W["mix.weight"].T)
+    logits = h @ W["lm_head.weight"].T                           # (t, V)
+    logp = torch.log_softmax(logits[:-1], dim=-1)
+    return logp.gather(1, ids[1:, None]).squeeze(1)
+
+
+def make_weights(gen, scale):
+    import torch
+    return {
+        "embed.weight": torch.randn(V, D, generator=gen) * scale,
+        "mix.weight": torch.randn(D, D, generator=gen) * (scale / D ** 0.5),
+        "lm_head.weight": torch.randn(V, D, generator=gen) * scale,
+    }
+
+
+def make_groups(gen, W):
+    """Three groups of four samples with varied lengths, rewards and finish reasons."""
+    import torch
+    specs = [
+        # (prompt length, [(response length, reward, finish)])
+        (3, [(5, 1.0, "stop"), (2, 0.0, "stop"), (7, 0.0, "length"), (4, 1.0, "stop")]),
+        (5, [(1, 0.5, "stop"), (3, 0.0, "stop"), (6, 1.0, "stop"), (2, 0.25, "stop")]),
+        (4, [(6, 0.0, "length"), (4, 1.0, "stop"), (3, 1.0, "stop"), (5, 0.0, "stop")]),
+    ]
+    groups = []
+    for g, (plen, samples) in enumerate(specs):
+        prompt = torch.randint(0, V, (plen,), generator=gen)
+        out = []
+        for rlen, reward, finish in samples:
+            resp = torch.randint(0, V, (rlen,), generator=gen)
+            with torch.no_grad():
+                lp = stand_in_logprobs(W, torch.cat([prompt, resp]))[plen - 1:]
+            # The behaviour policy differs from the current one so that ratios leave the clip range.
+            behaviour = (lp + 0.4 * torch.randn(rlen, generator=gen)).float()
+            out.append({
+                "response_ids": resp.tolist(),
+                "behaviour_logprobs": [float(v) for v in behaviour],
+                "policy_versions": [{"start_token": 0, "version": 3}],
+                "finish_reason": finish,
+                "reward": reward,
+                "reward_breakdown": [["math", reward]],
+                "timing": {"generate_ms": 0.0, "reward_ms": 0.0},
+            })
+        groups.append({
+            "stage": "math", "stage_index": 1, "prompt_id": 100 + g, "mode": "think",
+            "actor_id": 0, "prompt_ids": prompt.tolist(), "samples": out,
+        })
+    return groups
+
+
+def trl_grpo_loss(W, W_ref, groups, cfg):
+    """The GRPO objective in TRL's layout: completions padded to (B, C) with a completion mask."""
+    import torch
+    lps, olds, refs, masks, advs = [], [], [], [], []
+    for grp in groups:
+        rewards = torch.tensor([s["reward"] for s in grp["samples"]], dtype=torch.float32)
+        mean = rewards.mean()
+        centred = rewards - mean
+        if cfg["scale_by_std"]:
+            adv = centred / (rewards.std() + cfg["advantage_eps"])
+        else:
+            adv = centred
+        prompt = torch.tensor(grp["prompt_ids"])
+        plen = len(prompt)
+        for s, a in zip(grp["samples"], adv):
+            ids = torch.cat([prompt, torch.tensor(s["response_ids"])])
+            lps.append(stand_in_logprobs(W, ids)[plen - 1:])
+            with torch.no_grad():
+                refs.append(stand_in_logprobs(W_ref, ids)[plen - 1:])
+            olds.append(torch.tensor(s["behaviour_logprobs"], dtype=torch.float32))
+            truncated = s["finish_reason"] == "length" and cfg["mask_truncated"]
+            keep = 0.0 if (truncated or s["finish_reason"] == "abort") else 1.0
+            masks.append(torch.full((len(ids) - plen,), keep))
+            advs.append(a)
+    C = max(len(x) for x in lps)
+    pad = lambda xs: torch.stack([torch.nn.functional.pad(x, (0, C - len(x))) for x in xs])
+    per_token_logps, old_per_token_logps, ref_per_token_logps = pad(lps), pad(olds), pad(refs)
+    completion_mask = pad(masks)
+    advantages = torch.stack(advs)
+
+    if cfg["tis_cap"] is None:
+        old = old_per_token_logps
+    else:
+        old = per_token_logps.detach()  # TRL with num_iterations == 1
+    coef_1 = torch.exp(per_token_logps - old)
+    coef_2 = torch.clamp(coef_1, 1 - cfg["clip_eps_low"], 1 + cfg["clip_eps_high"])
+    per_token_loss1 = coef_1 * advantages.unsqueeze(1)
+    per_token_loss2 = coef_2 * advantages.unsqueeze(1)
+    per_token_loss = -torch.min(per_token_loss1, per_token_loss2)
+    if cfg["tis_cap"] is not None:
+        importance_sampling_ratio = torch.exp(old - old_per_token_logps)
+        importance_sampling_ratio = torch.clamp(importance_sampling_ratio, max=cfg["tis_cap"])
+        per_token_loss = per_token_loss * importance_sampling_ratio
+    if cfg["kl_coef"] != 0.0:
+        per_token_kl = (torch.exp(ref_per_token_logps - per_token_logps)
+                        - (ref_per_token_logps - per_token_logps) - 1)
+        per_token_loss = per_token_loss + cfg["kl_coef"] * per_token_kl
+    if cfg["aggregation"] == "token":
+        return (per_token_loss * completion_mask).sum() / completion_mask.sum().clamp(min=1.0)
+    return ((per_token_loss * completion_mask).sum(-1) / completion_mask.sum(-1).clamp(min=1.0)).mean()
+
+
+GRPO_CASES = {
+    "token_std_kl_overlong": {
+        "scale_by_std": True, "advantage_eps": 1e-4, "clip_eps_low": 0.2, "clip_eps_high": 0.28,
+        "tis_cap": None, "kl_coef": 0.05, "aggregation": "token", "mask_truncated": True,
+    },
+    "sequence_nostd_tis": {
+        "scale_by_std": False, "advantage_eps": 1e-4, "clip_eps_low": 0.2, "clip_eps_high": 0.28,
+        "tis_cap": 1.5, "kl_coef": 0.0, "aggregation": "sequence", "mask_truncated": False,
+    },
+    "token_narrow_clip": {
+        "scale_by_std": True, "advantage_eps": 1e-4, "clip_eps_low": 0.05, "clip_eps_high": 0.1,
+        "tis_cap": None, "kl_coef": 0.0, "aggregation": "token", "mask_truncated": False,
+    },
+}
+
+ADAMW = {"lrs": [1e-2, 2e-2, 1.5e-2, 5e-3], "betas": [0.9, 0.95], "eps": 1e-8,
+         "weight_decay": 0.1, "max_grad_norm": 1.0, "grad_scales": [3.0, 0.01, 1.0, 0.5],
+         # Parameters left without a gradient at a step (0-based): torch skips them entirely.
+         "no_grad": {"2": ["mix.weight"]}}
+
+
+def adamw_fixture(gen, W):
+    """torch.optim.AdamW (+ clip_grad_norm_) on fixed gradients; returns tensors to save."""
+    import torch
+    names = sorted(W)
+    params = {n: torch.nn.Parameter(W[n].clone()) for n in names}
+    opt = torch.optim.AdamW([params[n] for n in names], lr=ADAMW["lrs"][0],
+                            betas=tuple(ADAMW["betas"]), eps=ADAMW["eps"],
+                            weight_decay=ADAMW["weight_decay"], foreach=False)
+    out = {f"init.{n}": W[n].clone() for n in names}
+    for k, (lr, scale) in enumerate(zip(ADAMW["lrs"], ADAMW["grad_scales"])):
+        skip = set(ADAMW["no_grad"].get(str(k), []))
+        for n in names:
+            g = torch.randn(W[n].shape, generator=gen) * scale
+            out[f"grad.{k}.{n}"] = g
+            params[n].grad = None if n in skip else g.clone()
+        torch.nn.utils.clip_grad_norm_([params[n] for n in names if n not in skip],
+                                       ADAMW["max_grad_norm"])
+        for group in opt.param_groups:
+            group["lr"] = lr
+        opt.step()
+        for n in names:
+            out[f"after.{k}.{n}"] = params[n].detach().clone()
+    return out
+
+
+def generate(out_dir):
+    import torch
+    from safetensors.torch import save_file
+    torch.manual_seed(SEED)
+    gen = torch.Generator().manual_seed(SEED)
+    W = make_weights(gen, 0.5)
+    W_ref = {n: w + 0.05 * torch.randn(w.shape, generator=gen) for n, w in W.items()}
+    groups = make_groups(gen, W)
+    os.makedirs(out_dir, exist_ok=True)
+    save_file({n: w.contiguous() for n, w in W.items()}, os.path.join(out_dir, "policy.safetensors"))
+    save_file({n: w.contiguous() for n, w in W_ref.items()}, os.path.join(out_dir, "reference.safetensors"))
+    with open(os.path.join(out_dir, "groups.json"), "w") as f:
+        json.dump(groups, f, indent=1)
+    with open(os.path.join(out_dir, "cases.json"), "w") as f:
+        json.dump(GRPO_CASES, f, indent=1, sort_keys=True)
+    for name, cfg in GRPO_CASES.items():
+        params = {n: w.clone().requires_grad_(True) for n, w in W.items()}
+        loss = trl_grpo_loss(params, W_ref, groups, cfg)
+        loss.backward()
+        expected = {"loss": loss.detach().reshape(1)}
+        expected.update({f"grad.{n}": p.grad for n, p in params.items()})
+        save_file(expected, os.path.join(out_dir, f"expected_{name}.safetensors"))
+        print(f"{name}: loss {loss.item():.6f}")
+    save_file(adamw_fixture(gen, W), os.path.join(out_dir, "adamw.safetensors"))
+    with open(os.path.join(out_dir, "adamw.json"), "w") as f:
+        json.dump(ADAMW, f, indent=1, sort_keys=True)
+    print(f"torch {torch.__version__}; fixtures written to {out_dir}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "grpo"))
+    ap.add_argument("--self-check", action="store_true", help="check that transformers imports on this torch")
+    args = ap.parse_args()
+    if args.self_check:
+        self_check()
+        return
+    generate(os.path.normpath(args.out))
+
+
+if __name__ == "__main__":
+    main()
