@@ -6,6 +6,7 @@
 
 pub mod chat;
 pub mod config;
+pub mod device;
 pub mod model;
 pub mod rollout;
 pub mod tokenizer;
