@@ -14,6 +14,9 @@ Usage: python scripts/grpo_reference.py [--out tests/fixtures/grpo]
        python scripts/grpo_reference.py --self-check   (used by scripts/setup-torch-ref.sh)
 Environment: scripts/setup-torch-ref.sh prints the python to use.
 
+Besides the stand-in model, a tiny transformers Qwen3ForCausalLM (config + weights in
+qwen3/) checks the same objective through cascade_shared::model::CausalLm.
+
 The stand-in LM (defined identically in learner/tests/common/mod.rs), per sequence x_0..x_{t-1}:
   e_i = E[x_i]; c_i = mean_{j<=i} e_j; h_i = tanh(e_i + c_i M^T); logits_i = h_i U^T
 with E = embed.weight (V, D), M = mix.weight (D, D), U = lm_head.weight (V, D).
@@ -102,7 +105,7 @@ def make_weights(gen, scale):
     }
 
 
-def make_groups(gen, W):
+def make_groups(gen, W, logprobs_fn=None):
     """Three groups of four samples with varied lengths, rewards and finish reasons."""
     import torch
     specs = [
@@ -118,7 +121,7 @@ def make_groups(gen, W):
         for rlen, reward, finish in samples:
             resp = torch.randint(0, V, (rlen,), generator=gen)
             with torch.no_grad():
-                lp = stand_in_logprobs(W, torch.cat([prompt, resp]))[plen - 1:]
+                lp = (logprobs_fn or stand_in_logprobs)(W, torch.cat([prompt, resp]))[plen - 1:]
             # The behaviour policy differs from the current one so that ratios leave the clip range.
             behaviour = (lp + 0.4 * torch.randn(rlen, generator=gen)).float()
             out.append({
@@ -137,9 +140,10 @@ def make_groups(gen, W):
     return groups
 
 
-def trl_grpo_loss(W, W_ref, groups, cfg):
+def trl_grpo_loss(W, W_ref, groups, cfg, logprobs_fn=None):
     """The GRPO objective in TRL's layout: completions padded to (B, C) with a completion mask."""
     import torch
+    logprobs_fn = logprobs_fn or stand_in_logprobs
     lps, olds, refs, masks, advs = [], [], [], [], []
     for grp in groups:
         rewards = torch.tensor([s["reward"] for s in grp["samples"]], dtype=torch.float32)
@@ -153,9 +157,9 @@ def trl_grpo_loss(W, W_ref, groups, cfg):
         plen = len(prompt)
         for s, a in zip(grp["samples"], adv):
             ids = torch.cat([prompt, torch.tensor(s["response_ids"])])
-            lps.append(stand_in_logprobs(W, ids)[plen - 1:])
+            lps.append(logprobs_fn(W, ids)[plen - 1:])
             with torch.no_grad():
-                refs.append(stand_in_logprobs(W_ref, ids)[plen - 1:])
+                refs.append(logprobs_fn(W_ref, ids)[plen - 1:])
             olds.append(torch.tensor(s["behaviour_logprobs"], dtype=torch.float32))
             truncated = s["finish_reason"] == "length" and cfg["mask_truncated"]
             keep = 0.0 if (truncated or s["finish_reason"] == "abort") else 1.0
@@ -235,6 +239,85 @@ def adamw_fixture(gen, W):
     return out
 
 
+QWEN3 = dict(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+             num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=64,
+             rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False)
+QWEN3_CASES = ["token_std_kl_overlong", "sequence_nostd_tis"]
+
+
+def qwen3_fixture(gen, out_dir):
+    """A tiny transformers Qwen3ForCausalLM: weights, config.json, groups and GRPO gradients."""
+    install_shim()
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, Qwen3Config
+    cfg = Qwen3Config(**QWEN3)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", torch_dtype=torch.float32)
+    model.eval()  # no dropout
+    names = [n for n, _ in model.named_parameters()]
+    W = {}
+    for n, p in model.named_parameters():
+        if "norm" in n:
+            W[n] = 1.0 + 0.1 * torch.randn(p.shape, generator=gen)
+        else:
+            W[n] = 0.2 * torch.randn(p.shape, generator=gen)
+    W_ref = {n: w + 0.02 * torch.randn(w.shape, generator=gen) for n, w in W.items()}
+
+    def load(weights):
+        params = dict(model.named_parameters())
+        with torch.no_grad():
+            for n in names:
+                params[n].copy_(weights[n])
+
+    def qwen3_logprobs(weights, ids):
+        """Log-probs under the weights currently loaded in `model` (see `load`)."""
+        logits = model(input_ids=ids[None]).logits[0]
+        logp = torch.log_softmax(logits[:-1], dim=-1)
+        return logp.gather(1, ids[1:, None]).squeeze(1)
+
+    d = os.path.join(out_dir, "qwen3")
+    os.makedirs(d, exist_ok=True)
+    load(W)
+    groups = make_groups(gen, W, qwen3_logprobs)
+    cfg_dict = json.loads(cfg.to_json_string())  # what save_pretrained writes
+    cfg_dict["architectures"] = ["Qwen3ForCausalLM"]
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg_dict, f, indent=1, sort_keys=True, default=str)
+    save_file({n: w.contiguous() for n, w in W.items()}, os.path.join(d, "policy.safetensors"))
+    save_file({n: w.contiguous() for n, w in W_ref.items()}, os.path.join(d, "reference.safetensors"))
+    with open(os.path.join(d, "groups.json"), "w") as f:
+        json.dump(groups, f, indent=1)
+    for name in QWEN3_CASES:
+        case = GRPO_CASES[name]
+        # The reference log-probs are computed first (W_ref loaded), then the policy's with grad:
+        # trl_grpo_loss interleaves them per sample, so precompute the reference ones.
+        ref_cache = {}
+
+        def lp_fn(weights, ids):
+            key = tuple(ids.tolist())
+            if weights is W_ref:
+                return ref_cache[key]
+            return qwen3_logprobs(weights, ids)
+
+        load(W_ref)
+        for grp in groups:
+            prompt = grp["prompt_ids"]
+            for smp in grp["samples"]:
+                ids = torch.tensor(prompt + smp["response_ids"])
+                with torch.no_grad():
+                    ref_cache[tuple(ids.tolist())] = qwen3_logprobs(W_ref, ids).clone()
+        # Load the policy weights once; every policy forward then uses them unchanged.
+        load(W)
+        model.zero_grad()
+        loss = trl_grpo_loss(W, W_ref, groups, case, lp_fn)
+        loss.backward()
+        params = dict(model.named_parameters())
+        expected = {"loss": loss.detach().reshape(1)}
+        expected.update({f"grad.{n}": params[n].grad.clone() for n in names})
+        save_file(expected, os.path.join(d, f"expected_{name}.safetensors"))
+        print(f"qwen3 {name}: loss {loss.item():.6f}")
+
+
 def generate(out_dir):
     import torch
     from safetensors.torch import save_file
@@ -261,6 +344,7 @@ def generate(out_dir):
     save_file(adamw_fixture(gen, W), os.path.join(out_dir, "adamw.safetensors"))
     with open(os.path.join(out_dir, "adamw.json"), "w") as f:
         json.dump(ADAMW, f, indent=1, sort_keys=True)
+    qwen3_fixture(gen, out_dir)
     print(f"torch {torch.__version__}; fixtures written to {out_dir}")
 
 

@@ -18,3 +18,14 @@ pub trait PolicyModel {
         attention_mask: &Tensor,
     ) -> candle_core::Result<Tensor>;
 }
+
+impl PolicyModel for cascade_shared::model::CausalLm {
+    fn token_logprobs(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+    ) -> candle_core::Result<Tensor> {
+        cascade_shared::model::CausalLm::token_logprobs(self, input_ids, Some(attention_mask))
+            .map_err(candle_core::Error::wrap)
+    }
+}
