@@ -12,7 +12,7 @@
 //!
 //! Gradients are first summed over micro-batches ([`AdamW::accumulate`]), then, if
 //! `max_grad_norm` is set, scaled by `min(1, max_norm / (‖g‖₂ + 1e-6))` as
-//! `torch.nn.utils.clip_grad_norm_` does. The master copy, `m` and `v` are f32 whatever the
+//! `torch.nn.utils.clip_grad_norm_` does. As in torch, `k` counts per parameter. The master copy, `m` and `v` are f32 whatever the
 //! model's dtype; after the update the master is cast back into the model's `Var`.
 //! Parameters that received no gradient in a step are left alone (no decay), like torch.
 
@@ -133,6 +133,9 @@ struct Param {
     exp_avg_sq: Tensor,
     /// Sum of the micro-batch gradients since the last step (f32).
     grad: Option<Tensor>,
+    /// Updates this parameter has received (torch keeps the bias-correction step per
+    /// parameter, so one that missed a gradient lags behind the global count).
+    steps: u64,
 }
 
 impl Param {
@@ -179,6 +182,7 @@ impl AdamW {
                     exp_avg: zeros.clone(),
                     exp_avg_sq: zeros,
                     grad: None,
+                    steps: 0,
                     var,
                 })
             })
@@ -315,13 +319,14 @@ impl AdamW {
             None => 1.0,
         };
         self.step += 1;
-        let k = self.step as i32;
         let (b1, b2) = (self.cfg.beta1, self.cfg.beta2);
-        let step_size = lr / (1.0 - b1.powi(k));
-        let bias_correction2_sqrt = (1.0 - b2.powi(k)).sqrt();
         let decay = 1.0 - lr * self.cfg.weight_decay;
         for p in &mut self.params {
             let Some(grad) = p.grad.take() else { continue };
+            p.steps += 1;
+            let k = p.steps as i32;
+            let step_size = lr / (1.0 - b1.powi(k));
+            let bias_correction2_sqrt = (1.0 - b2.powi(k)).sqrt();
             let grad = if clip < 1.0 { (grad * clip)? } else { grad };
             let master = (p.master() * decay)?;
             p.exp_avg = ((&p.exp_avg * b1)? + (&grad * (1.0 - b1))?)?;
@@ -340,7 +345,8 @@ impl AdamW {
     }
 
     /// Writes `optimizer.safetensors`: `exp_avg.NAME`, `exp_avg_sq.NAME`, `master.NAME` (only
-    /// for non-f32 parameters) and the step counters in the metadata.
+    /// for non-f32 parameters) and the step counters (global, and per parameter as a JSON map
+    /// under `param_steps`) in the metadata.
     pub fn save(&self, path: &Path) -> Result<FileDigest> {
         let mut tensors = Vec::with_capacity(self.params.len() * 2);
         for p in &self.params {
@@ -358,6 +364,17 @@ impl AdamW {
                 self.consecutive_skips.to_string(),
             ),
             ("skipped_total".to_string(), self.skipped_total.to_string()),
+            (
+                "param_steps".to_string(),
+                serde_json::to_string(
+                    &self
+                        .params
+                        .iter()
+                        .map(|p| (p.name.as_str(), p.steps))
+                        .collect::<BTreeMap<_, _>>(),
+                )
+                .map_err(|e| LearnerError::json(path, e))?,
+            ),
         ]);
         write_safetensors(path, &tensors, &meta)
     }
@@ -386,6 +403,10 @@ impl AdamW {
             num("consecutive_skips")?,
             num("skipped_total")?,
         );
+        let param_steps: BTreeMap<String, u64> = meta
+            .get("param_steps")
+            .and_then(|v| serde_json::from_str(v).ok())
+            .ok_or_else(|| bad("metadata param_steps missing or malformed".into()))?;
         let device = self
             .params
             .first()
@@ -414,14 +435,18 @@ impl AdamW {
                 Some(_) => Some(take(format!("master.{}", p.name), &p.var)?),
                 None => None,
             };
-            restored.push((exp_avg, exp_avg_sq, master));
+            let steps = *param_steps.get(&p.name).ok_or_else(|| {
+                LearnerError::OptimizerMismatch(format!("no step count for {}", p.name))
+            })?;
+            restored.push((exp_avg, exp_avg_sq, master, steps));
         }
         if let Some(extra) = tensors.keys().next() {
             return Err(LearnerError::OptimizerMismatch(format!(
                 "{extra} has no parameter in the model"
             )));
         }
-        for (p, (exp_avg, exp_avg_sq, master)) in self.params.iter_mut().zip(restored) {
+        for (p, (exp_avg, exp_avg_sq, master, steps)) in self.params.iter_mut().zip(restored) {
+            p.steps = steps;
             p.exp_avg = exp_avg;
             p.exp_avg_sq = exp_avg_sq;
             if let Some(m) = master {
