@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use candle_core::Device;
 use cascade_learner::snapshot::{self, ACKS_DIR};
 use cascade_learner::state::LearnerState;
-use cascade_shared::model::{compute_dtype, CausalLm, Checkpoint, ModelConfig};
+use cascade_shared::model::{compute_dtype, parameter_shapes, CausalLm, Checkpoint, ModelConfig};
 
 use crate::error::{ActorError, Result};
 
@@ -156,6 +156,23 @@ pub fn load_weights(
     let loaded = snapshot::load_snapshot(dir).map_err(|e| refuse(e.to_string()))?;
     let own = ModelConfig::from_file(&dir.join(snapshot::CONFIG_FILE))
         .map_err(|e| refuse(e.to_string()))?;
+    if let Some(running) = running {
+        // Same tensor names and shapes is not enough (extra layers would be silently ignored):
+        // the snapshot must describe the very architecture the actor is running.
+        if parameter_shapes(running) != parameter_shapes(&own)
+            || running.model_type != own.model_type
+        {
+            return Err(refuse(format!(
+                "its config.json describes another architecture ({:?}, {} layers, hidden {}) than the running model ({:?}, {} layers, hidden {})",
+                own.model_type,
+                own.num_hidden_layers,
+                own.hidden_size,
+                running.model_type,
+                running.num_hidden_layers,
+                running.hidden_size
+            )));
+        }
+    }
     let cfg = running.unwrap_or(&own);
     let tensors = Checkpoint::open_dir(dir)
         .and_then(|c| c.load_all(cfg, compute_dtype(device), device))
