@@ -3,11 +3,11 @@
 #![warn(missing_docs)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
-pub mod sampler;
+pub mod dataset;
 pub mod engine;
 pub mod error;
-pub mod snapshot_watch;
-pub mod rewards;
-pub mod dataset;
 pub mod reward_model;
+pub mod rewards;
 pub mod run;
+pub mod sampler;
+pub mod snapshot_watch;

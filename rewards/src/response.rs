@@ -29,9 +29,17 @@ pub fn split_response(text: &str) -> SplitResponse<'_> {
             answer: Some(text[close + CLOSE.len()..].trim()),
         }
     } else if text.contains(OPEN) {
-        SplitResponse { full: text, thinking: None, answer: None }
+        SplitResponse {
+            full: text,
+            thinking: None,
+            answer: None,
+        }
     } else {
-        SplitResponse { full: text, thinking: None, answer: Some(text.trim()) }
+        SplitResponse {
+            full: text,
+            thinking: None,
+            answer: Some(text.trim()),
+        }
     }
 }
 

@@ -10,7 +10,10 @@ use candle_core::{DType, Device, Tensor};
 use cascade_shared::model::{argmax, load_model, load_trainable, DecodeBatch};
 
 fn main() -> anyhow::Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
     let Some(dir) = args.first().map(PathBuf::from) else {
         eprintln!("usage: model MODEL_DIR [train_batch train_len]");
         return Ok(());
@@ -20,7 +23,9 @@ fn main() -> anyhow::Result<()> {
     let dev = Device::Cpu;
     let (model, _params) = load_trainable(&dir, DType::F32, &dev)?;
     let vocab = model.config().vocab_size as u32;
-    let ids: Vec<u32> = (0..train_batch * train_len).map(|i| (i as u32 * 7919 + 13) % vocab).collect();
+    let ids: Vec<u32> = (0..train_batch * train_len)
+        .map(|i| (i as u32 * 7919 + 13) % vocab)
+        .collect();
     let input = Tensor::from_vec(ids, (train_batch, train_len), &dev)?;
     // Forward + backward of the summed log-probs; one warm-up, then the best of 3.
     let mut best = f64::MAX;
@@ -43,13 +48,24 @@ fn main() -> anyhow::Result<()> {
         let mut best = f64::MAX;
         for _ in 0..2 {
             let mut b = DecodeBatch::new(batch);
-            let prompts: Vec<Vec<u32>> = (0..batch).map(|r| (0..prompt_len).map(|i| ((r * 31 + i * 17) as u32) % vocab).collect()).collect();
-            let rows: Vec<(usize, &[u32])> = prompts.iter().enumerate().map(|(i, p)| (i, p.as_slice())).collect();
+            let prompts: Vec<Vec<u32>> = (0..batch)
+                .map(|r| {
+                    (0..prompt_len)
+                        .map(|i| ((r * 31 + i * 17) as u32) % vocab)
+                        .collect()
+                })
+                .collect();
+            let rows: Vec<(usize, &[u32])> = prompts
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (i, p.as_slice()))
+                .collect();
             let mut logits = model.prefill(&mut b, &rows)?;
             let t = Instant::now();
             for _ in 0..steps {
                 let l: Vec<Vec<f32>> = logits.to_vec2()?;
-                let feed: Vec<(usize, u32)> = l.iter().enumerate().map(|(i, r)| (i, argmax(r))).collect();
+                let feed: Vec<(usize, u32)> =
+                    l.iter().enumerate().map(|(i, r)| (i, argmax(r))).collect();
                 logits = model.decode_step(&mut b, &feed)?;
             }
             best = best.min(t.elapsed().as_secs_f64());

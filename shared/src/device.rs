@@ -30,6 +30,8 @@ mod tests {
     fn parses_cpu_and_rejects_garbage() {
         assert!(parse_device("cpu").unwrap().is_cpu());
         assert!(parse_device("gpu0").unwrap_err().contains("expected"));
-        assert!(parse_device("cuda:x").unwrap_err().contains("not a GPU index"));
+        assert!(parse_device("cuda:x")
+            .unwrap_err()
+            .contains("not a GPU index"));
     }
 }

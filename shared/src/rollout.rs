@@ -236,7 +236,9 @@ pub enum RolloutDecodeError {
     #[error("not a rollout group (bad magic)")]
     BadMagic,
     /// Written by a build with another format version.
-    #[error("rollout format version {found} is not supported (this build reads version {supported})")]
+    #[error(
+        "rollout format version {found} is not supported (this build reads version {supported})"
+    )]
     UnknownVersion {
         /// Version in the payload.
         found: u16,
@@ -263,11 +265,23 @@ mod tests {
             samples: vec![Sample {
                 response_ids: vec![7, 8],
                 behaviour_logprobs: vec![-0.5, -1.25],
-                policy_versions: vec![VersionSpan { start_token: 0, version: 4 }, VersionSpan { start_token: 1, version: 5 }],
+                policy_versions: vec![
+                    VersionSpan {
+                        start_token: 0,
+                        version: 4,
+                    },
+                    VersionSpan {
+                        start_token: 1,
+                        version: 5,
+                    },
+                ],
                 finish_reason: FinishReason::Stop,
                 reward: 1.0,
                 reward_breakdown: vec![("math".into(), 1.0)],
-                timing: SampleTiming { generate_ms: 3.0, reward_ms: 0.1 },
+                timing: SampleTiming {
+                    generate_ms: 3.0,
+                    reward_ms: 0.1,
+                },
             }],
         }
     }

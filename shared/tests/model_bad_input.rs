@@ -50,7 +50,10 @@ fn truncated_safetensors_names_file_and_tensor() -> Result<()> {
     let bytes = std::fs::read(&p)?;
     std::fs::write(&p, &bytes[..bytes.len() - 1000])?;
     let e = err_of(d.path());
-    assert!(e.contains("model.safetensors") && e.contains("tensor `"), "{e}");
+    assert!(
+        e.contains("model.safetensors") && e.contains("tensor `"),
+        "{e}"
+    );
     std::fs::write(&p, &bytes[..5])?;
     let e = err_of(d.path());
     assert!(e.contains("model.safetensors"), "{e}");
@@ -66,7 +69,10 @@ fn wrong_shape_and_missing_tensor() -> Result<()> {
     cfg["intermediate_size"] = serde_json::json!(64);
     std::fs::write(&cfg_path, cfg.to_string())?;
     let e = err_of(d.path());
-    assert!(e.contains("model.safetensors") && e.contains("mlp") && e.contains("shape"), "{e}");
+    assert!(
+        e.contains("model.safetensors") && e.contains("mlp") && e.contains("shape"),
+        "{e}"
+    );
     cfg["intermediate_size"] = serde_json::json!(96);
     cfg["num_hidden_layers"] = serde_json::json!(3);
     std::fs::write(&cfg_path, cfg.to_string())?;
@@ -86,9 +92,14 @@ fn sharded_checkpoint_loads() -> Result<()> {
     names.sort();
     let (a, b) = names.split_at(names.len() / 2);
     let mut map = serde_json::Map::new();
-    for (file, part) in [("model-00001-of-00002.safetensors", a), ("model-00002-of-00002.safetensors", b)] {
-        let sub: std::collections::HashMap<String, Tensor> =
-            part.iter().map(|n| ((*n).clone(), tensors[*n].clone())).collect();
+    for (file, part) in [
+        ("model-00001-of-00002.safetensors", a),
+        ("model-00002-of-00002.safetensors", b),
+    ] {
+        let sub: std::collections::HashMap<String, Tensor> = part
+            .iter()
+            .map(|n| ((*n).clone(), tensors[*n].clone()))
+            .collect();
         candle_core::safetensors::save(&sub, d.path().join(file))?;
         for n in part {
             map.insert((*n).clone(), serde_json::json!(file));

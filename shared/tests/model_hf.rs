@@ -11,7 +11,9 @@ use cascade_shared::model::{argmax, load_model, load_trainable, CausalLm, Decode
 const TOL: f32 = 1e-4;
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/model").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/model")
+        .join(name)
 }
 
 struct Case {
@@ -23,13 +25,22 @@ struct Case {
 fn load(name: &str) -> Result<Case> {
     let dir = fixture(name);
     let model = load_model(&dir, &Device::Cpu).with_context(|| format!("loading {name}"))?;
-    let reference = candle_core::safetensors::load(dir.join("reference.safetensors"), &Device::Cpu)?;
+    let reference =
+        candle_core::safetensors::load(dir.join("reference.safetensors"), &Device::Cpu)?;
     let cases = serde_json::from_str(&std::fs::read_to_string(dir.join("cases.json"))?)?;
-    Ok(Case { model, reference, cases })
+    Ok(Case {
+        model,
+        reference,
+        cases,
+    })
 }
 
 fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 fn max_abs_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
@@ -74,9 +85,14 @@ fn left_padded_batch_equals_unpadded_runs() -> Result<()> {
         let d_b = max_abs_diff(&padded_b, &c.reference["short.logits"])?;
         let d_a = max_abs_diff(&ours.get(1)?, &c.reference["single.logits"])?;
         // And transformers' own padded forward agrees on the real positions.
-        let hf_padded = c.reference["padded.logits"].get(0)?.narrow(0, pad, b.len())?;
+        let hf_padded = c.reference["padded.logits"]
+            .get(0)?
+            .narrow(0, pad, b.len())?;
         let d_hf = max_abs_diff(&padded_b, &hf_padded)?;
-        assert!(d_a < TOL && d_b < TOL && d_hf < TOL, "{name}: Δ={d_a} / {d_b} / {d_hf}");
+        assert!(
+            d_a < TOL && d_b < TOL && d_hf < TOL,
+            "{name}: Δ={d_a} / {d_b} / {d_hf}"
+        );
         // Log-probs through the same path.
         let lp = c.model.token_logprobs(&input, Some(&mask))?;
         assert_eq!(lp.dims(), &[2, a.len() - 1]);
@@ -102,7 +118,10 @@ fn twelve_greedy_steps_with_kv_cache_equal_full_forward() -> Result<()> {
             generated.push(tok);
             logits = c.model.decode_step(&mut batch, &[(0, tok)])?;
         }
-        assert_eq!(generated, expected, "{name}: greedy tokens differ from transformers");
+        assert_eq!(
+            generated, expected,
+            "{name}: greedy tokens differ from transformers"
+        );
     }
     Ok(())
 }
@@ -129,7 +148,11 @@ fn ragged_batch_decoding_with_refill_matches_single_runs() -> Result<()> {
     // Three sequences of different lengths in a 2-slot batch: the third enters when the first
     // finishes (continuous batching). Each must produce exactly its single-sequence logits.
     let c = load("qwen3-untied")?;
-    let prompts = [ids(&c.cases["single"]), ids(&c.cases["short"]), ids(&c.cases["greedy_prompt"])];
+    let prompts = [
+        ids(&c.cases["single"]),
+        ids(&c.cases["short"]),
+        ids(&c.cases["greedy_prompt"]),
+    ];
     let steps = [3usize, 40, 7];
     let single = |p: &[u32], n: usize| -> Result<Vec<Vec<f32>>> {
         let mut b = DecodeBatch::new(1);
@@ -142,10 +165,18 @@ fn ragged_batch_decoding_with_refill_matches_single_runs() -> Result<()> {
         }
         Ok(rows)
     };
-    let expected: Vec<_> = (0..3).map(|i| single(&prompts[i], steps[i])).collect::<Result<_>>()?;
+    let expected: Vec<_> = (0..3)
+        .map(|i| single(&prompts[i], steps[i]))
+        .collect::<Result<_>>()?;
     let mut batch = DecodeBatch::new(2);
-    let first = c.model.prefill(&mut batch, &[(0, &prompts[0]), (1, &prompts[1])])?;
-    let mut got: Vec<Vec<Vec<f32>>> = vec![vec![first.get(0)?.to_vec1()?], vec![first.get(1)?.to_vec1()?], vec![]];
+    let first = c
+        .model
+        .prefill(&mut batch, &[(0, &prompts[0]), (1, &prompts[1])])?;
+    let mut got: Vec<Vec<Vec<f32>>> = vec![
+        vec![first.get(0)?.to_vec1()?],
+        vec![first.get(1)?.to_vec1()?],
+        vec![],
+    ];
     let mut slot_seq = [Some(0usize), Some(1)];
     loop {
         // Retire finished sequences and refill their slot with the waiting one.
@@ -176,7 +207,11 @@ fn ragged_batch_decoding_with_refill_matches_single_runs() -> Result<()> {
     for q in 0..3 {
         assert_eq!(got[q].len(), expected[q].len());
         for (a, b) in got[q].iter().zip(&expected[q]) {
-            let d = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            let d = a
+                .iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0f32, f32::max);
             assert!(d < TOL, "sequence {q}: {d}");
         }
     }
@@ -187,14 +222,25 @@ fn ragged_batch_decoding_with_refill_matches_single_runs() -> Result<()> {
 fn every_parameter_receives_a_gradient() -> Result<()> {
     for name in ["qwen3-untied", "qwen2-bf16", "llama"] {
         let (model, params) = load_trainable(&fixture(name), DType::F32, &Device::Cpu)?;
-        let input = Tensor::new(&[[3u32, 17, 99, 5, 42, 7], [0, 0, 8, 9, 10, 11]], &Device::Cpu)?;
+        let input = Tensor::new(
+            &[[3u32, 17, 99, 5, 42, 7], [0, 0, 8, 9, 10, 11]],
+            &Device::Cpu,
+        )?;
         let mask = Tensor::new(&[[1u8, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]], &Device::Cpu)?;
-        let loss = model.token_logprobs(&input, Some(&mask))?.sum_all()?.neg()?;
+        let loss = model
+            .token_logprobs(&input, Some(&mask))?
+            .sum_all()?
+            .neg()?;
         let grads = loss.backward()?;
         for (pname, var) in &params.vars {
-            let g = grads.get(var.as_tensor()).with_context(|| format!("{name}: no gradient for {pname}"))?;
+            let g = grads
+                .get(var.as_tensor())
+                .with_context(|| format!("{name}: no gradient for {pname}"))?;
             let norm = g.sqr()?.sum_all()?.to_scalar::<f32>()?;
-            assert!(norm > 0.0 && norm.is_finite(), "{name}: gradient of {pname} is {norm}");
+            assert!(
+                norm > 0.0 && norm.is_finite(),
+                "{name}: gradient of {pname} is {norm}"
+            );
         }
     }
     Ok(())
@@ -204,12 +250,24 @@ fn every_parameter_receives_a_gradient() -> Result<()> {
 fn too_long_is_an_error_not_a_panic() -> Result<()> {
     let c = load("llama")?;
     let seq = vec![1u32; 513];
-    let err = c.model.forward_logits(&row_tensor(&seq)?, None).unwrap_err().to_string();
+    let err = c
+        .model
+        .forward_logits(&row_tensor(&seq)?, None)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("513") && err.contains("512"), "{err}");
     let mut batch = DecodeBatch::new(1);
-    let err = c.model.prefill(&mut batch, &[(0, &seq)]).unwrap_err().to_string();
+    let err = c
+        .model
+        .prefill(&mut batch, &[(0, &seq)])
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("context"), "{err}");
-    let bad = c.model.forward_logits(&row_tensor(&[1, 5000])?, None).unwrap_err().to_string();
+    let bad = c
+        .model
+        .forward_logits(&row_tensor(&[1, 5000])?, None)
+        .unwrap_err()
+        .to_string();
     assert!(bad.contains("5000"), "{bad}");
     Ok(())
 }

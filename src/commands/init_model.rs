@@ -35,13 +35,15 @@ pub fn run(args: InitModelArgs) -> anyhow::Result<i32> {
     if args.out.exists() && std::fs::read_dir(&args.out)?.next().is_some() {
         bail!("--out {}: directory is not empty", args.out.display());
     }
-    std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
     match &args.tokenizer {
         Some(dir) => {
             for f in ["tokenizer.json", "tokenizer_config.json"] {
                 let src = dir.join(f);
                 if src.exists() {
-                    std::fs::copy(&src, args.out.join(f)).with_context(|| format!("copying {}", src.display()))?;
+                    std::fs::copy(&src, args.out.join(f))
+                        .with_context(|| format!("copying {}", src.display()))?;
                 } else if f == "tokenizer.json" {
                     bail!("--tokenizer {}: no tokenizer.json there", dir.display());
                 }

@@ -124,7 +124,10 @@ fn logprobs(args: LogprobsArgs) -> anyhow::Result<i32> {
         logprobs.extend(lp.into_iter().map(Some));
     }
     if args.json {
-        println!("{}", serde_json::json!({ "ids": ids, "logprobs": logprobs }));
+        println!(
+            "{}",
+            serde_json::json!({ "ids": ids, "logprobs": logprobs })
+        );
     } else {
         println!("{:>6} {:>8} {:>12}  token", "pos", "id", "logprob");
         for (i, (id, lp)) in ids.iter().zip(&logprobs).enumerate() {
@@ -136,7 +139,10 @@ fn logprobs(args: LogprobsArgs) -> anyhow::Result<i32> {
             println!("{i:>6} {id:>8} {lp:>12}  {piece}");
         }
         let total: f32 = logprobs.iter().flatten().sum();
-        println!("sum of log-probs: {total:.6} over {} predicted tokens", ids.len() - 1);
+        println!(
+            "sum of log-probs: {total:.6} over {} predicted tokens",
+            ids.len() - 1
+        );
     }
     Ok(0)
 }
@@ -153,8 +159,14 @@ fn generate(args: GenerateArgs) -> anyhow::Result<i32> {
         (_, Some(ids)) => ids.clone(),
         _ => bail!("give --prompt or --ids"),
     };
-    let params = SamplingParams { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p };
-    params.validate().map_err(|e| anyhow::anyhow!("sampling flags: {e}"))?;
+    let params = SamplingParams {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+    };
+    params
+        .validate()
+        .map_err(|e| anyhow::anyhow!("sampling flags: {e}"))?;
     let mut stop: Vec<u32> = model.config().eos_token_ids();
     if let Some(t) = &tok {
         stop.extend(t.special().stop_ids());
@@ -164,9 +176,14 @@ fn generate(args: GenerateArgs) -> anyhow::Result<i32> {
     }
     let mut position = 0u64;
     let generated = model.generate_one(&prompt_ids, args.max_new_tokens, &stop, |row| {
-        let key = SampleKey { seed: args.seed, stream: 0, position };
+        let key = SampleKey {
+            seed: args.seed,
+            stream: 0,
+            position,
+        };
         position += 1;
-        let s = sample_cpu(row, &params, &key).map_err(|e| cascade_shared::model::ModelError::Config(e.to_string()))?;
+        let s = sample_cpu(row, &params, &key)
+            .map_err(|e| cascade_shared::model::ModelError::Config(e.to_string()))?;
         Ok(s.token)
     })?;
     let text = match &tok {
@@ -174,7 +191,10 @@ fn generate(args: GenerateArgs) -> anyhow::Result<i32> {
         None => String::new(),
     };
     if args.json {
-        println!("{}", serde_json::json!({ "generated_ids": generated, "text": text }));
+        println!(
+            "{}",
+            serde_json::json!({ "generated_ids": generated, "text": text })
+        );
     } else {
         println!("{text}");
     }

@@ -5,7 +5,9 @@ use std::collections::HashMap;
 use candle_core::{DType, Device, Module, Tensor};
 
 use super::config::ModelConfig;
-use super::layers::{apply_rotary, gather_logprobs, softmax_last, Linear, Mlp, OpsMode, Rotary, RmsNorm};
+use super::layers::{
+    apply_rotary, gather_logprobs, softmax_last, Linear, Mlp, OpsMode, RmsNorm, Rotary,
+};
 use super::weights::parameter_shapes;
 use super::{ModelError, Result};
 
@@ -17,7 +19,10 @@ pub(crate) enum KvMode<'a> {
     OwnAndReturn(&'a mut Vec<(Tensor, Tensor)>),
     /// Write this call's keys/values into per-layer buffers `(b, kv_heads, capacity, hd)` at
     /// column `offset`, then attend over columns `0..offset + s`.
-    Buffers { layers: &'a [(Tensor, Tensor)], offset: usize },
+    Buffers {
+        layers: &'a [(Tensor, Tensor)],
+        offset: usize,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -93,8 +98,11 @@ impl Attention {
             .to_dtype(v_all.dtype())?
             .reshape((b, nkv, rep * s, keys))?;
         let out = probs.matmul(&v_all)?; // (b, n_kv, rep * s, hd)
-        // 6. Back to (b, s, heads * hd) and the output projection.
-        let out = out.reshape((b, nh, s, hd))?.transpose(1, 2)?.reshape((b, s, nh * hd))?;
+                                         // 6. Back to (b, s, heads * hd) and the output projection.
+        let out = out
+            .reshape((b, nh, s, hd))?
+            .transpose(1, 2)?
+            .reshape((b, s, nh * hd))?;
         Ok(self.o.forward(&out)?)
     }
 }
@@ -139,12 +147,17 @@ impl CausalLm {
 
     /// Builds the model from a map of named tensors (already on the target device and dtype).
     pub fn from_tensors(cfg: &ModelConfig, tensors: &HashMap<String, Tensor>) -> Result<CausalLm> {
-        let first = tensors
-            .get("model.embed_tokens.weight")
-            .ok_or_else(|| ModelError::MissingTensor { path: "<in memory>".into(), name: "model.embed_tokens.weight".into() })?;
+        let first =
+            tensors
+                .get("model.embed_tokens.weight")
+                .ok_or_else(|| ModelError::MissingTensor {
+                    path: "<in memory>".into(),
+                    name: "model.embed_tokens.weight".into(),
+                })?;
         let (dtype, device) = (first.dtype(), first.device().clone());
         super::weights::check_tensors(cfg, tensors)?;
-        let mut get = |name: &str, _shape: &[usize]| -> Result<Tensor> { Ok(tensors[name].clone()) };
+        let mut get =
+            |name: &str, _shape: &[usize]| -> Result<Tensor> { Ok(tensors[name].clone()) };
         Self::build(cfg, dtype, device, &mut get)
     }
 
@@ -157,7 +170,11 @@ impl CausalLm {
         cfg.validate()?;
         match dtype {
             DType::F32 | DType::BF16 | DType::F16 => {}
-            other => return Err(ModelError::Config(format!("compute dtype {other:?} is not supported (f32, bf16, f16)"))),
+            other => {
+                return Err(ModelError::Config(format!(
+                    "compute dtype {other:?} is not supported (f32, bf16, f16)"
+                )))
+            }
         }
         let shapes: HashMap<String, Vec<usize>> = parameter_shapes(cfg).into_iter().collect();
         let mut fetch = |name: String| -> Result<Tensor> {
@@ -165,13 +182,14 @@ impl CausalLm {
             get(&name, shape)
         };
         let eps = cfg.rms_norm_eps;
-        let opt = |present: bool, f: &mut dyn FnMut() -> Result<Tensor>| -> Result<Option<Tensor>> {
-            if present {
-                f().map(Some)
-            } else {
-                Ok(None)
-            }
-        };
+        let opt =
+            |present: bool, f: &mut dyn FnMut() -> Result<Tensor>| -> Result<Option<Tensor>> {
+                if present {
+                    f().map(Some)
+                } else {
+                    Ok(None)
+                }
+            };
         let embed = fetch("model.embed_tokens.weight".into())?;
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for l in 0..cfg.num_hidden_layers {
@@ -199,20 +217,48 @@ impl CausalLm {
             };
             let mut attn = attn;
             if cfg.qk_norm() {
-                attn.q_norm = Some(RmsNorm::new(fetch(format!("{p}.self_attn.q_norm.weight"))?, eps));
-                attn.k_norm = Some(RmsNorm::new(fetch(format!("{p}.self_attn.k_norm.weight"))?, eps));
+                attn.q_norm = Some(RmsNorm::new(
+                    fetch(format!("{p}.self_attn.q_norm.weight"))?,
+                    eps,
+                ));
+                attn.k_norm = Some(RmsNorm::new(
+                    fetch(format!("{p}.self_attn.k_norm.weight"))?,
+                    eps,
+                ));
             }
             layers.push(DecoderLayer {
                 input_norm: RmsNorm::new(fetch(format!("{p}.input_layernorm.weight"))?, eps),
                 attn,
-                post_norm: RmsNorm::new(fetch(format!("{p}.post_attention_layernorm.weight"))?, eps),
+                post_norm: RmsNorm::new(
+                    fetch(format!("{p}.post_attention_layernorm.weight"))?,
+                    eps,
+                ),
                 mlp,
             });
         }
         let norm = RmsNorm::new(fetch("model.norm.weight".into())?, eps);
-        let lm_head = if cfg.tie_word_embeddings { embed.clone() } else { fetch("lm_head.weight".into())? };
-        let rotary = Rotary::new(cfg.head_dim(), cfg.max_position_embeddings, cfg.rope_theta, dtype, &device)?;
-        Ok(CausalLm { cfg: cfg.clone(), embed, layers, norm, lm_head, rotary, dtype, device })
+        let lm_head = if cfg.tie_word_embeddings {
+            embed.clone()
+        } else {
+            fetch("lm_head.weight".into())?
+        };
+        let rotary = Rotary::new(
+            cfg.head_dim(),
+            cfg.max_position_embeddings,
+            cfg.rope_theta,
+            dtype,
+            &device,
+        )?;
+        Ok(CausalLm {
+            cfg: cfg.clone(),
+            embed,
+            layers,
+            norm,
+            lm_head,
+            rotary,
+            dtype,
+            device,
+        })
     }
 
     /// The model's config.
@@ -245,21 +291,32 @@ impl CausalLm {
         // A position past the rotary table would be an out-of-bounds gather.
         let top = positions.flatten_all()?.max(0)?.to_scalar::<u32>()? as usize;
         if top >= max_pos {
-            return Err(ModelError::TooLong { len: top + 1, max: max_pos });
+            return Err(ModelError::TooLong {
+                len: top + 1,
+                max: max_pos,
+            });
         }
         let vocab = self.cfg.vocab_size as u32;
         let top_id = input_ids.flatten_all()?.max(0)?.to_scalar::<u32>()?;
         if top_id >= vocab {
-            return Err(ModelError::BadTokenId { id: top_id, vocab: self.cfg.vocab_size });
+            return Err(ModelError::BadTokenId {
+                id: top_id,
+                vocab: self.cfg.vocab_size,
+            });
         }
         // 1. Embedding: (b, s, hidden).
-        let mut x = self.embed.index_select(&input_ids.flatten_all()?, 0)?.reshape((b, s, self.cfg.hidden_size))?;
+        let mut x = self
+            .embed
+            .index_select(&input_ids.flatten_all()?, 0)?
+            .reshape((b, s, self.cfg.hidden_size))?;
         // 2. Rotary tables for these positions: (b, 1, s, hd / 2).
         let (cos, sin) = self.rotary.at(positions)?;
         // 3. Decoder layers, pre-norm residual.
         for (i, layer) in self.layers.iter().enumerate() {
             let h = layer.input_norm.forward(&x, mode)?;
-            let a = layer.attn.forward(&h, &cos, &sin, bias, mode, (&mut kv, i))?;
+            let a = layer
+                .attn
+                .forward(&h, &cos, &sin, bias, mode, (&mut kv, i))?;
             x = (x + a)?;
             let h = layer.post_norm.forward(&x, mode)?;
             x = (&x + layer.mlp.forward(&h)?)?;
@@ -270,37 +327,60 @@ impl CausalLm {
 
     /// Projects hidden states `(.., hidden)` to logits `(.., vocab)` in f32.
     pub fn lm_head(&self, hidden: &Tensor) -> Result<Tensor> {
-        Ok(Linear::new(self.lm_head.clone(), None).forward(hidden)?.to_dtype(DType::F32)?)
+        Ok(Linear::new(self.lm_head.clone(), None)
+            .forward(hidden)?
+            .to_dtype(DType::F32)?)
     }
 
     /// Final hidden states `(b, t, hidden)` of a full sequence. `attention_mask` `(b, t)` (1 = real
     /// token, 0 = padding; left or right padding), or `None` for no padding. Differentiable.
-    pub fn forward_hidden(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>) -> Result<Tensor> {
+    pub fn forward_hidden(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
         let (positions, bias) = full_sequence_layout(input_ids, attention_mask, &self.device)?;
         self.run_layers(input_ids, &positions, &bias, OpsMode::Train, KvMode::Own)
     }
 
     /// Logits `(b, t, vocab)` (f32) of a full sequence. Differentiable.
-    pub fn forward_logits(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>) -> Result<Tensor> {
+    pub fn forward_logits(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
         self.lm_head(&self.forward_hidden(input_ids, attention_mask)?)
     }
 
     /// `log p(targets[b, i] | input_ids[b, ..= i])` for every position: `(b, t)` f32.
     /// Differentiable with respect to every parameter. Padded positions hold garbage that the
     /// caller masks out.
-    pub fn forward_logprobs(&self, input_ids: &Tensor, targets: &Tensor, attention_mask: Option<&Tensor>) -> Result<Tensor> {
+    pub fn forward_logprobs(
+        &self,
+        input_ids: &Tensor,
+        targets: &Tensor,
+        attention_mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
         let logits = self.forward_logits(input_ids, attention_mask)?;
         gather_logprobs(&logits, targets)
     }
 
     /// Log-probs of each next token of the sequence itself: `(b, t - 1)` where entry `i` is
     /// `log p(ids[:, i + 1] | ids[:, ..= i])`.
-    pub fn token_logprobs(&self, input_ids: &Tensor, attention_mask: Option<&Tensor>) -> Result<Tensor> {
+    pub fn token_logprobs(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
         let t = input_ids.dim(1)?;
         if t < 2 {
-            return Err(ModelError::Config("token_logprobs needs at least 2 tokens".into()));
+            return Err(ModelError::Config(
+                "token_logprobs needs at least 2 tokens".into(),
+            ));
         }
-        let hidden = self.forward_hidden(input_ids, attention_mask)?.narrow(1, 0, t - 1)?;
+        let hidden = self
+            .forward_hidden(input_ids, attention_mask)?
+            .narrow(1, 0, t - 1)?;
         let targets = input_ids.narrow(1, 1, t - 1)?;
         gather_logprobs(&self.lm_head(&hidden)?, &targets)
     }
@@ -310,12 +390,20 @@ impl CausalLm {
 /// Positions count real tokens only, so a left-padded row sees the same positions as unpadded.
 /// Key `j` is visible to query `i` when `j <= i` and `j` is a real token; the diagonal is always
 /// visible so that padded queries never produce NaN (their outputs are masked by the caller).
-pub(crate) fn full_sequence_layout(input_ids: &Tensor, attention_mask: Option<&Tensor>, device: &Device) -> Result<(Tensor, Tensor)> {
+pub(crate) fn full_sequence_layout(
+    input_ids: &Tensor,
+    attention_mask: Option<&Tensor>,
+    device: &Device,
+) -> Result<(Tensor, Tensor)> {
     let (b, t) = input_ids.dims2()?;
     let mask: Vec<Vec<u8>> = match attention_mask {
         Some(m) => {
             if m.dims() != [b, t] {
-                return Err(ModelError::Config(format!("attention_mask shape {:?} != input_ids shape {:?}", m.dims(), [b, t])));
+                return Err(ModelError::Config(format!(
+                    "attention_mask shape {:?} != input_ids shape {:?}",
+                    m.dims(),
+                    [b, t]
+                )));
             }
             m.to_dtype(DType::U8)?.to_vec2::<u8>()?
         }
@@ -328,7 +416,11 @@ pub(crate) fn full_sequence_layout(input_ids: &Tensor, attention_mask: Option<&T
         // harmless in-range position.
         let mut count = 0u32;
         for &m in row {
-            positions.push(if m != 0 { count } else { count.saturating_sub(1) });
+            positions.push(if m != 0 {
+                count
+            } else {
+                count.saturating_sub(1)
+            });
             if m != 0 {
                 count += 1;
             }
@@ -355,4 +447,3 @@ pub fn compute_dtype(device: &Device) -> DType {
         DType::BF16
     }
 }
-

@@ -171,10 +171,16 @@ impl ModelConfig {
             return bad("`hidden_size` must be a multiple of `num_attention_heads` when `head_dim` is absent".into());
         }
         if self.head_dim() % 2 != 0 {
-            return bad(format!("`head_dim` ({}) must be even for rotary embeddings", self.head_dim()));
+            return bad(format!(
+                "`head_dim` ({}) must be even for rotary embeddings",
+                self.head_dim()
+            ));
         }
         if self.hidden_act != "silu" {
-            return bad(format!("`hidden_act` `{}` is not supported (only silu)", self.hidden_act));
+            return bad(format!(
+                "`hidden_act` `{}` is not supported (only silu)",
+                self.hidden_act
+            ));
         }
         if self.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
             return bad("`rope_scaling` is not supported (must be absent or null)".into());
@@ -217,8 +223,14 @@ impl ModelConfig {
     /// Token ids that end a generation according to the config (`eos_token_id`, int or list).
     pub fn eos_token_ids(&self) -> Vec<u32> {
         match &self.eos_token_id {
-            Some(serde_json::Value::Number(n)) => n.as_u64().map(|v| vec![v as u32]).unwrap_or_default(),
-            Some(serde_json::Value::Array(a)) => a.iter().filter_map(|v| v.as_u64()).map(|v| v as u32).collect(),
+            Some(serde_json::Value::Number(n)) => {
+                n.as_u64().map(|v| vec![v as u32]).unwrap_or_default()
+            }
+            Some(serde_json::Value::Array(a)) => a
+                .iter()
+                .filter_map(|v| v.as_u64())
+                .map(|v| v as u32)
+                .collect(),
             _ => Vec::new(),
         }
     }
@@ -230,9 +242,14 @@ impl ModelConfig {
             "architectures".into(),
             serde_json::json!([self.model_type.architecture()]),
         );
-        cfg.extra.insert("torch_dtype".into(), serde_json::json!(torch_dtype));
-        cfg.extra.entry("use_cache".into()).or_insert(serde_json::json!(true));
-        cfg.extra.entry("attention_dropout".into()).or_insert(serde_json::json!(0.0));
+        cfg.extra
+            .insert("torch_dtype".into(), serde_json::json!(torch_dtype));
+        cfg.extra
+            .entry("use_cache".into())
+            .or_insert(serde_json::json!(true));
+        cfg.extra
+            .entry("attention_dropout".into())
+            .or_insert(serde_json::json!(0.0));
         // Always serialise the derived values explicitly so transformers agrees with us.
         cfg.num_key_value_heads = Some(self.num_kv_heads());
         cfg.head_dim = Some(self.head_dim());
@@ -257,7 +274,10 @@ mod tests {
         let err = ModelConfig::from_json_str(r#"{"model_type": "gpt2", "vocab_size": 4}"#)
             .unwrap_err()
             .to_string();
-        assert!(err.contains("gpt2") && err.contains("qwen3, qwen2, llama"), "{err}");
+        assert!(
+            err.contains("gpt2") && err.contains("qwen3, qwen2, llama"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -30,7 +30,13 @@ pub struct DecodeBatch {
 impl DecodeBatch {
     /// An empty batch with `slots` rows.
     pub fn new(slots: usize) -> DecodeBatch {
-        DecodeBatch { slots, layers: Vec::new(), len: 0, start: vec![None; slots], next_pos: vec![0; slots] }
+        DecodeBatch {
+            slots,
+            layers: Vec::new(),
+            len: 0,
+            start: vec![None; slots],
+            next_pos: vec![0; slots],
+        }
     }
 
     /// Number of slots.
@@ -66,13 +72,23 @@ impl DecodeBatch {
 
     /// Cache columns currently allocated (for memory accounting).
     pub fn capacity(&self) -> usize {
-        self.layers.first().and_then(|(k, _)| k.dim(2).ok()).unwrap_or(0)
+        self.layers
+            .first()
+            .and_then(|(k, _)| k.dim(2).ok())
+            .unwrap_or(0)
     }
 
     /// Rebuilds the buffers with the live columns right-aligned at `new_len`, optionally
     /// placing new sequences (`(slot, keys/values per layer (1, n_kv, L, hd), tokens)`) whose
     /// last column is `new_len - 1`, with room for `headroom` more columns.
-    fn rebuild(&mut self, new_rows: &[(usize, usize)], new_kv: Option<&[(Tensor, Tensor)]>, new_width: usize, headroom: usize, model: &CausalLm) -> Result<()> {
+    fn rebuild(
+        &mut self,
+        new_rows: &[(usize, usize)],
+        new_kv: Option<&[(Tensor, Tensor)]>,
+        new_width: usize,
+        headroom: usize,
+        model: &CausalLm,
+    ) -> Result<()> {
         let live_start = (0..self.slots)
             .filter(|s| !new_rows.iter().any(|(r, _)| r == s))
             .filter_map(|s| self.start[s])
@@ -92,14 +108,20 @@ impl DecodeBatch {
                 if let Some(idx) = new_rows.iter().position(|(r, _)| *r == s) {
                     let (k, v) = &new_kv.expect("new rows come with their kv")[l];
                     let pad = |t: &Tensor| -> Result<Tensor> {
-                        Ok(t.narrow(0, idx, 1)?.pad_with_zeros(2, width - new_width, cap - width)?)
+                        Ok(t.narrow(0, idx, 1)?.pad_with_zeros(
+                            2,
+                            width - new_width,
+                            cap - width,
+                        )?)
                     };
                     ks.push(pad(k)?);
                     vs.push(pad(v)?);
                 } else if self.start[s].is_some() && live > 0 {
                     let (k, v) = &self.layers[l];
                     let take = |t: &Tensor| -> Result<Tensor> {
-                        Ok(t.narrow(0, s, 1)?.narrow(2, live_start, live)?.pad_with_zeros(2, width - live, cap - width)?)
+                        Ok(t.narrow(0, s, 1)?
+                            .narrow(2, live_start, live)?
+                            .pad_with_zeros(2, width - live, cap - width)?)
                     };
                     ks.push(take(k)?);
                     vs.push(take(v)?);
@@ -108,7 +130,10 @@ impl DecodeBatch {
                     vs.push(zeros.clone());
                 }
             }
-            layers.push((Tensor::cat(&ks, 0)?.contiguous()?, Tensor::cat(&vs, 0)?.contiguous()?));
+            layers.push((
+                Tensor::cat(&ks, 0)?.contiguous()?,
+                Tensor::cat(&vs, 0)?.contiguous()?,
+            ));
         }
         for s in 0..self.slots {
             if let Some((_, tokens)) = new_rows.iter().find(|(r, _)| *r == s) {
@@ -134,13 +159,19 @@ impl CausalLm {
         let width = rows.iter().map(|(_, p)| p.len()).max().unwrap_or(0);
         for (slot, prompt) in rows {
             if *slot >= batch.slots {
-                return Err(ModelError::Config(format!("slot {slot} out of range ({} slots)", batch.slots)));
+                return Err(ModelError::Config(format!(
+                    "slot {slot} out of range ({} slots)",
+                    batch.slots
+                )));
             }
             if prompt.is_empty() {
                 return Err(ModelError::Config(format!("empty prompt for slot {slot}")));
             }
             if prompt.len() > max_pos {
-                return Err(ModelError::TooLong { len: prompt.len(), max: max_pos });
+                return Err(ModelError::TooLong {
+                    len: prompt.len(),
+                    max: max_pos,
+                });
             }
             if rows.iter().filter(|(s, _)| s == slot).count() > 1 {
                 return Err(ModelError::Config(format!("slot {slot} listed twice")));
@@ -160,7 +191,13 @@ impl CausalLm {
         let (positions, bias) = full_sequence_layout(&ids, Some(&mask), self.device())?;
         // 2. Run it, keeping each layer's keys/values.
         let mut kv = Vec::new();
-        let hidden = self.run_layers(&ids, &positions, &bias, OpsMode::Infer, KvMode::OwnAndReturn(&mut kv))?;
+        let hidden = self.run_layers(
+            &ids,
+            &positions,
+            &bias,
+            OpsMode::Infer,
+            KvMode::OwnAndReturn(&mut kv),
+        )?;
         let last = hidden.narrow(1, width - 1, 1)?.squeeze(1)?; // (n, hidden)
         let logits = self.lm_head(&last)?;
         // 3. Merge into the batch's buffers, right-aligned.
@@ -178,7 +215,11 @@ impl CausalLm {
     /// exactly once (a slot that should stop is released first).
     pub fn decode_step(&self, batch: &mut DecodeBatch, tokens: &[(usize, u32)]) -> Result<Tensor> {
         let active = batch.active_slots();
-        if tokens.len() != active.len() || !active.iter().all(|s| tokens.iter().filter(|(t, _)| t == s).count() == 1) {
+        if tokens.len() != active.len()
+            || !active
+                .iter()
+                .all(|s| tokens.iter().filter(|(t, _)| t == s).count() == 1)
+        {
             return Err(ModelError::Config(format!(
                 "decode_step must feed every active slot exactly once (active: {active:?})"
             )));
@@ -189,7 +230,10 @@ impl CausalLm {
         let max_pos = self.config().max_position_embeddings;
         for &(slot, _) in tokens {
             if batch.next_pos[slot] as usize >= max_pos {
-                return Err(ModelError::TooLong { len: batch.next_pos[slot] as usize + 1, max: max_pos });
+                return Err(ModelError::TooLong {
+                    len: batch.next_pos[slot] as usize + 1,
+                    max: max_pos,
+                });
             }
         }
         // 1. Make room for one more column (compacting away columns no live slot uses).
@@ -219,7 +263,16 @@ impl CausalLm {
         let positions = Tensor::from_vec(pos, (slots, 1), dev)?;
         let bias = Tensor::from_vec(bias, (slots, 1, 1, keys), dev)?;
         // 3. One step through the stack, writing k/v at column `offset`.
-        let hidden = self.run_layers(&ids, &positions, &bias, OpsMode::Infer, KvMode::Buffers { layers: &batch.layers, offset })?;
+        let hidden = self.run_layers(
+            &ids,
+            &positions,
+            &bias,
+            OpsMode::Infer,
+            KvMode::Buffers {
+                layers: &batch.layers,
+                offset,
+            },
+        )?;
         let logits = self.lm_head(&hidden.squeeze(1)?)?; // (slots, vocab)
         batch.len += 1;
         for &(slot, _) in tokens {
@@ -232,7 +285,13 @@ impl CausalLm {
 
     /// Greedy or externally sampled generation for one prompt, token by token (a convenience
     /// for `cascade inspect generate` and tests): `choose` maps the logits row to the next token.
-    pub fn generate_one(&self, prompt: &[u32], max_new_tokens: usize, stop: &[u32], mut choose: impl FnMut(&[f32]) -> Result<u32>) -> Result<Vec<u32>> {
+    pub fn generate_one(
+        &self,
+        prompt: &[u32],
+        max_new_tokens: usize,
+        stop: &[u32],
+        mut choose: impl FnMut(&[f32]) -> Result<u32>,
+    ) -> Result<Vec<u32>> {
         let mut batch = DecodeBatch::new(1);
         let mut logits = self.prefill(&mut batch, &[(0, prompt)])?;
         let mut out = Vec::new();
@@ -259,4 +318,3 @@ pub fn argmax(row: &[f32]) -> u32 {
     }
     best as u32
 }
-

@@ -30,7 +30,6 @@ impl Linear {
     pub fn new(weight: Tensor, bias: Option<Tensor>) -> Linear {
         Linear { weight, bias }
     }
-
 }
 
 impl Module for Linear {
@@ -113,7 +112,13 @@ pub struct Rotary {
 
 impl Rotary {
     /// Tables for positions `0..max_positions` with base `theta`, in f32 then cast to `dtype`.
-    pub fn new(head_dim: usize, max_positions: usize, theta: f64, dtype: DType, device: &Device) -> Result<Rotary> {
+    pub fn new(
+        head_dim: usize,
+        max_positions: usize,
+        theta: f64,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Rotary> {
         let half = head_dim / 2;
         let inv_freq: Vec<f32> = (0..half)
             .map(|i| 1.0 / theta.powf(2.0 * i as f64 / head_dim as f64) as f32)
@@ -123,7 +128,10 @@ impl Rotary {
             .to_dtype(DType::F32)?
             .reshape((max_positions, 1))?;
         let freqs = pos.broadcast_mul(&inv_freq)?;
-        Ok(Rotary { cos: freqs.cos()?.to_dtype(dtype)?, sin: freqs.sin()?.to_dtype(dtype)? })
+        Ok(Rotary {
+            cos: freqs.cos()?.to_dtype(dtype)?,
+            sin: freqs.sin()?.to_dtype(dtype)?,
+        })
     }
 
     /// Gathers `(cos, sin)` for `positions` `(b, s)` u32: each `(b, 1, s, head_dim / 2)`.

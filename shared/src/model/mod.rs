@@ -83,7 +83,9 @@ pub enum ModelError {
         message: String,
     },
     /// A sequence longer than the model's context.
-    #[error("sequence of {len} tokens exceeds the model's context of {max} (max_position_embeddings)")]
+    #[error(
+        "sequence of {len} tokens exceeds the model's context of {max} (max_position_embeddings)"
+    )]
     TooLong {
         /// Requested length.
         len: usize,
@@ -107,7 +109,10 @@ impl ModelError {
     /// Attaches a file name to a config error.
     pub(crate) fn in_file(self, path: &Path) -> ModelError {
         match self {
-            ModelError::Config(message) => ModelError::ConfigFile { path: path.to_path_buf(), message },
+            ModelError::Config(message) => ModelError::ConfigFile {
+                path: path.to_path_buf(),
+                message,
+            },
             other => other,
         }
     }
@@ -124,7 +129,11 @@ pub fn load_model(dir: &Path, device: &Device) -> Result<CausalLm> {
 }
 
 /// Loads the config and every parameter of a checkpoint directory.
-pub fn load_tensors(dir: &Path, dtype: DType, device: &Device) -> Result<(ModelConfig, HashMap<String, Tensor>)> {
+pub fn load_tensors(
+    dir: &Path,
+    dtype: DType,
+    device: &Device,
+) -> Result<(ModelConfig, HashMap<String, Tensor>)> {
     let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
     let tensors = Checkpoint::open_dir(dir)?.load_all(&cfg, dtype, device)?;
     Ok((cfg, tensors))
@@ -149,7 +158,10 @@ impl Params {
 
     /// The current values as plain tensors (sharing storage with the variables).
     pub fn tensors(&self) -> HashMap<String, Tensor> {
-        self.vars.iter().map(|(k, v)| (k.clone(), v.as_tensor().clone())).collect()
+        self.vars
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
+            .collect()
     }
 
     /// A `VarMap` holding the same variables (for candle-nn optimisers and `VarBuilder`s).
@@ -173,7 +185,10 @@ pub fn load_trainable(dir: &Path, dtype: DType, device: &Device) -> Result<(Caus
 }
 
 /// Like [`load_trainable`] from in-memory tensors.
-pub fn trainable_from_tensors(cfg: &ModelConfig, tensors: HashMap<String, Tensor>) -> Result<(CausalLm, Params)> {
+pub fn trainable_from_tensors(
+    cfg: &ModelConfig,
+    tensors: HashMap<String, Tensor>,
+) -> Result<(CausalLm, Params)> {
     let params = Params::from_tensors(tensors)?;
     let model = CausalLm::from_tensors(cfg, &params.tensors())?;
     Ok((model, params))
@@ -181,16 +196,28 @@ pub fn trainable_from_tensors(cfg: &ModelConfig, tensors: HashMap<String, Tensor
 
 /// Writes `config.json` and `model.safetensors` (in `dtype`) into `dir` in the Hugging Face
 /// layout. The caller adds the tokenizer files.
-pub fn save_checkpoint(dir: &Path, cfg: &ModelConfig, tensors: &HashMap<String, Tensor>, dtype: DType) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(|e| ModelError::Io { path: dir.to_path_buf(), source: e })?;
+pub fn save_checkpoint(
+    dir: &Path,
+    cfg: &ModelConfig,
+    tensors: &HashMap<String, Tensor>,
+    dtype: DType,
+) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| ModelError::Io {
+        path: dir.to_path_buf(),
+        source: e,
+    })?;
     let torch_dtype = match dtype {
         DType::BF16 => "bfloat16",
         DType::F16 => "float16",
         _ => "float32",
     };
     let cfg_path = dir.join("config.json");
-    let json = serde_json::to_string_pretty(&cfg.to_hf_json(torch_dtype)).expect("config serialises");
-    std::fs::write(&cfg_path, json).map_err(|e| ModelError::Io { path: cfg_path, source: e })?;
+    let json =
+        serde_json::to_string_pretty(&cfg.to_hf_json(torch_dtype)).expect("config serialises");
+    std::fs::write(&cfg_path, json).map_err(|e| ModelError::Io {
+        path: cfg_path,
+        source: e,
+    })?;
     check_tensors(cfg, tensors)?;
     save_safetensors(tensors, dtype, &dir.join("model.safetensors"))
 }

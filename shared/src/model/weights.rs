@@ -28,12 +28,19 @@ pub fn parameter_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
     let nh = cfg.num_attention_heads;
     let nkv = cfg.num_kv_heads();
     let i = cfg.intermediate_size;
-    let mut out = vec![("model.embed_tokens.weight".to_string(), vec![cfg.vocab_size, h])];
+    let mut out = vec![(
+        "model.embed_tokens.weight".to_string(),
+        vec![cfg.vocab_size, h],
+    )];
     for l in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{l}");
         out.push((format!("{p}.input_layernorm.weight"), vec![h]));
         out.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
-        for (name, rows) in [("q_proj", nh * hd), ("k_proj", nkv * hd), ("v_proj", nkv * hd)] {
+        for (name, rows) in [
+            ("q_proj", nh * hd),
+            ("k_proj", nkv * hd),
+            ("v_proj", nkv * hd),
+        ] {
             out.push((format!("{p}.self_attn.{name}.weight"), vec![rows, h]));
             if cfg.qkv_bias() {
                 out.push((format!("{p}.self_attn.{name}.bias"), vec![rows]));
@@ -47,7 +54,11 @@ pub fn parameter_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
             out.push((format!("{p}.self_attn.q_norm.weight"), vec![hd]));
             out.push((format!("{p}.self_attn.k_norm.weight"), vec![hd]));
         }
-        for (name, shape) in [("gate_proj", [i, h]), ("up_proj", [i, h]), ("down_proj", [h, i])] {
+        for (name, shape) in [
+            ("gate_proj", [i, h]),
+            ("up_proj", [i, h]),
+            ("down_proj", [h, i]),
+        ] {
             out.push((format!("{p}.mlp.{name}.weight"), shape.to_vec()));
             if cfg.mlp_bias {
                 out.push((format!("{p}.mlp.{name}.bias"), vec![shape[0]]));
@@ -64,7 +75,11 @@ pub fn parameter_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
 /// Seeded random weights in the Hugging Face initialisation: normal(0, `initializer_range`) for
 /// matrices, ones for norms, zeros for biases. Each tensor has its own stream derived from
 /// (seed, name), so the values do not depend on the order of creation.
-pub fn random_weights(cfg: &ModelConfig, seed: u64, device: &Device) -> Result<HashMap<String, Tensor>> {
+pub fn random_weights(
+    cfg: &ModelConfig,
+    seed: u64,
+    device: &Device,
+) -> Result<HashMap<String, Tensor>> {
     let mut out = HashMap::new();
     for (name, shape) in parameter_shapes(cfg) {
         let n: usize = shape.iter().product();
@@ -83,9 +98,9 @@ pub fn random_weights(cfg: &ModelConfig, seed: u64, device: &Device) -> Result<H
 }
 
 fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes
-        .iter()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3))
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 /// Box–Muller: one standard normal draw.
@@ -97,7 +112,11 @@ fn standard_normal(rng: &mut impl Rng) -> f32 {
 
 /// Writes `tensors` as one `model.safetensors` file (in `dtype`). Tensor order in the file is
 /// sorted by name, so the bytes are deterministic.
-pub fn save_safetensors(tensors: &HashMap<String, Tensor>, dtype: DType, path: &Path) -> Result<()> {
+pub fn save_safetensors(
+    tensors: &HashMap<String, Tensor>,
+    dtype: DType,
+    path: &Path,
+) -> Result<()> {
     let sorted: BTreeMap<&String, Tensor> = tensors
         .iter()
         .map(|(k, v)| Ok((k, v.to_dtype(dtype)?.to_device(&Device::Cpu)?)))
@@ -140,15 +159,22 @@ impl Checkpoint {
             return Checkpoint::open_files(&[single]);
         }
         if index.exists() {
-            let text = std::fs::read_to_string(&index).map_err(|e| ModelError::Io { path: index.clone(), source: e })?;
-            let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| ModelError::Safetensors {
+            let text = std::fs::read_to_string(&index).map_err(|e| ModelError::Io {
                 path: index.clone(),
-                message: format!("not valid JSON: {e}"),
+                source: e,
             })?;
-            let map = json.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| ModelError::Safetensors {
-                path: index.clone(),
-                message: "no `weight_map` object".into(),
-            })?;
+            let json: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| ModelError::Safetensors {
+                    path: index.clone(),
+                    message: format!("not valid JSON: {e}"),
+                })?;
+            let map = json
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| ModelError::Safetensors {
+                    path: index.clone(),
+                    message: "no `weight_map` object".into(),
+                })?;
             let mut files: Vec<PathBuf> = Vec::new();
             for file in map.values() {
                 let file = file.as_str().ok_or_else(|| ModelError::Safetensors {
@@ -166,7 +192,10 @@ impl Checkpoint {
                 match ckpt.tensors.get(name) {
                     Some(e) if ckpt.files[e.file].path == expected => {}
                     _ => {
-                        return Err(ModelError::MissingTensor { path: expected, name: name.clone() });
+                        return Err(ModelError::MissingTensor {
+                            path: expected,
+                            name: name.clone(),
+                        });
                     }
                 }
             }
@@ -186,14 +215,25 @@ impl Checkpoint {
         let mut files = Vec::new();
         let mut tensors = HashMap::new();
         for (idx, path) in paths.iter().enumerate() {
-            let file = File::open(path).map_err(|e| ModelError::Io { path: path.clone(), source: e })?;
+            let file = File::open(path).map_err(|e| ModelError::Io {
+                path: path.clone(),
+                source: e,
+            })?;
             // SAFETY: the mapping is read-only and the file is a checkpoint that is never modified
             // while open (published snapshots are immutable; see the module docs). Every access
             // below is bounds-checked against the parsed header before slicing.
-            let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| ModelError::Io { path: path.clone(), source: e })?;
-            let st_err = |message: String| ModelError::Safetensors { path: path.clone(), message };
-            let (header_len, meta): (usize, Metadata) = safetensors::SafeTensors::read_metadata(&mmap)
-                .map_err(|e| st_err(format!("bad header: {e}{}", describe_truncation(&mmap))))?;
+            let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| ModelError::Io {
+                path: path.clone(),
+                source: e,
+            })?;
+            let st_err = |message: String| ModelError::Safetensors {
+                path: path.clone(),
+                message,
+            };
+            let (header_len, meta): (usize, Metadata) =
+                safetensors::SafeTensors::read_metadata(&mmap).map_err(|e| {
+                    st_err(format!("bad header: {e}{}", describe_truncation(&mmap)))
+                })?;
             let data_start = 8 + header_len;
             let data_len = mmap.len().saturating_sub(data_start);
             for (name, info) in meta.tensors() {
@@ -205,10 +245,20 @@ impl Checkpoint {
                 }
                 tensors.insert(
                     name.clone(),
-                    TensorEntry { file: idx, dtype: info.dtype, shape: info.shape.clone(), start: data_start + s, end: data_start + e },
+                    TensorEntry {
+                        file: idx,
+                        dtype: info.dtype,
+                        shape: info.shape.clone(),
+                        start: data_start + s,
+                        end: data_start + e,
+                    },
                 );
             }
-            files.push(MappedFile { path: path.clone(), mmap, data_start });
+            files.push(MappedFile {
+                path: path.clone(),
+                mmap,
+                data_start,
+            });
         }
         Ok(Checkpoint { files, tensors })
     }
@@ -224,11 +274,20 @@ impl Checkpoint {
     }
 
     /// Loads one tensor, checks its shape, converts it to `dtype` on `device` (always a copy).
-    pub fn load(&self, name: &str, shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
-        let entry = self.tensors.get(name).ok_or_else(|| ModelError::MissingTensor {
-            path: self.describe_paths(),
-            name: name.to_string(),
-        })?;
+    pub fn load(
+        &self,
+        name: &str,
+        shape: &[usize],
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
+        let entry = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor {
+                path: self.describe_paths(),
+                name: name.to_string(),
+            })?;
         let file = &self.files[entry.file];
         if entry.shape != shape {
             return Err(ModelError::WrongShape {
@@ -239,19 +298,29 @@ impl Checkpoint {
             });
         }
         debug_assert!(entry.start >= file.data_start);
-        let view = TensorView::new(entry.dtype, entry.shape.clone(), &file.mmap[entry.start..entry.end]).map_err(|e| {
-            ModelError::Safetensors { path: file.path.clone(), message: format!("tensor `{name}`: {e}") }
-        })?;
-        let t = view.load(&Device::Cpu).map_err(|e| ModelError::Safetensors {
+        let view = TensorView::new(
+            entry.dtype,
+            entry.shape.clone(),
+            &file.mmap[entry.start..entry.end],
+        )
+        .map_err(|e| ModelError::Safetensors {
             path: file.path.clone(),
             message: format!("tensor `{name}`: {e}"),
         })?;
+        let t = view
+            .load(&Device::Cpu)
+            .map_err(|e| ModelError::Safetensors {
+                path: file.path.clone(),
+                message: format!("tensor `{name}`: {e}"),
+            })?;
         match t.dtype() {
             DType::F32 | DType::BF16 | DType::F16 => {}
             other => {
                 return Err(ModelError::Safetensors {
                     path: file.path.clone(),
-                    message: format!("tensor `{name}` has dtype {other:?}; only f32/bf16/f16 are supported"),
+                    message: format!(
+                        "tensor `{name}` has dtype {other:?}; only f32/bf16/f16 are supported"
+                    ),
                 })
             }
         }
@@ -260,7 +329,12 @@ impl Checkpoint {
 
     /// Loads every parameter of `cfg` (shape-checked). A tied checkpoint may still carry an
     /// `lm_head.weight`; it is ignored.
-    pub fn load_all(&self, cfg: &ModelConfig, dtype: DType, device: &Device) -> Result<HashMap<String, Tensor>> {
+    pub fn load_all(
+        &self,
+        cfg: &ModelConfig,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<HashMap<String, Tensor>> {
         parameter_shapes(cfg)
             .into_iter()
             .map(|(name, shape)| Ok((name.clone(), self.load(&name, &shape, dtype, device)?)))
@@ -270,7 +344,12 @@ impl Checkpoint {
     fn describe_paths(&self) -> PathBuf {
         match self.files.as_slice() {
             [one] => one.path.clone(),
-            many => PathBuf::from(many.iter().map(|f| f.path.display().to_string()).collect::<Vec<_>>().join(", ")),
+            many => PathBuf::from(
+                many.iter()
+                    .map(|f| f.path.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            ),
         }
     }
 }
@@ -278,7 +357,12 @@ impl Checkpoint {
 /// Checks that `tensors` holds exactly the parameters of `cfg` with the right shapes.
 pub fn check_tensors(cfg: &ModelConfig, tensors: &HashMap<String, Tensor>) -> Result<()> {
     for (name, shape) in parameter_shapes(cfg) {
-        let t = tensors.get(&name).ok_or_else(|| ModelError::MissingTensor { path: PathBuf::from("<in memory>"), name: name.clone() })?;
+        let t = tensors
+            .get(&name)
+            .ok_or_else(|| ModelError::MissingTensor {
+                path: PathBuf::from("<in memory>"),
+                name: name.clone(),
+            })?;
         if t.dims() != shape.as_slice() {
             return Err(ModelError::WrongShape {
                 path: PathBuf::from("<in memory>"),
@@ -291,7 +375,6 @@ pub fn check_tensors(cfg: &ModelConfig, tensors: &HashMap<String, Tensor>) -> Re
     Ok(())
 }
 
-
 /// For a file whose header does not validate, names the first tensor whose data lies past the
 /// end of the file (the usual sign of a truncated download or copy).
 fn describe_truncation(bytes: &[u8]) -> String {
@@ -302,7 +385,8 @@ fn describe_truncation(bytes: &[u8]) -> String {
     let Some(header) = bytes.get(8..8usize.saturating_add(header_len)) else {
         return " (header extends past the end of the file: truncated)".into();
     };
-    let Ok(serde_json::Value::Object(map)) = serde_json::from_slice::<serde_json::Value>(header) else {
+    let Ok(serde_json::Value::Object(map)) = serde_json::from_slice::<serde_json::Value>(header)
+    else {
         return String::new();
     };
     let data_len = bytes.len() - 8 - header_len;
