@@ -137,10 +137,10 @@ impl CausalLm {
     /// checkpoint name (`vb.pp("model.layers")`-style paths).
     pub fn new(cfg: &ModelConfig, vb: candle_nn::VarBuilder) -> Result<CausalLm> {
         let mut get = |name: &str, shape: &[usize]| -> Result<Tensor> {
-            Ok(vb.get(shape.to_vec(), name).map_err(|e| ModelError::Load {
+            vb.get(shape.to_vec(), name).map_err(|e| ModelError::Load {
                 name: name.to_string(),
                 message: e.to_string(),
-            })?)
+            })
         };
         Self::build(cfg, vb.dtype(), vb.device().clone(), &mut get)
     }

@@ -161,16 +161,16 @@ impl ModelConfig {
             }
         }
         let kv = self.num_kv_heads();
-        if kv == 0 || self.num_attention_heads % kv != 0 {
+        if kv == 0 || !self.num_attention_heads.is_multiple_of(kv) {
             return bad(format!(
                 "`num_attention_heads` ({}) must be a multiple of `num_key_value_heads` ({kv})",
                 self.num_attention_heads
             ));
         }
-        if self.head_dim.is_none() && self.hidden_size % self.num_attention_heads != 0 {
+        if self.head_dim.is_none() && !self.hidden_size.is_multiple_of(self.num_attention_heads) {
             return bad("`hidden_size` must be a multiple of `num_attention_heads` when `head_dim` is absent".into());
         }
-        if self.head_dim() % 2 != 0 {
+        if !self.head_dim().is_multiple_of(2) {
             return bad(format!(
                 "`head_dim` ({}) must be even for rotary embeddings",
                 self.head_dim()
@@ -188,7 +188,11 @@ impl ModelConfig {
         if self.use_sliding_window == Some(true) {
             return bad("`use_sliding_window = true` is not supported".into());
         }
-        if !(self.rope_theta > 0.0) || !(self.rms_norm_eps > 0.0) {
+        if self.rope_theta.is_nan()
+            || self.rope_theta <= 0.0
+            || self.rms_norm_eps.is_nan()
+            || self.rms_norm_eps <= 0.0
+        {
             return bad("`rope_theta` and `rms_norm_eps` must be > 0".into());
         }
         Ok(())
