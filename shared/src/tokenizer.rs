@@ -205,11 +205,10 @@ impl Tokenizer {
             path: path.to_path_buf(),
             source,
         })?;
-        let inner =
-            tokenizers::Tokenizer::from_bytes(&text).map_err(|e| TokenizerError::Load {
-                path: path.to_path_buf(),
-                message: e.to_string(),
-            })?;
+        let inner = tokenizers::Tokenizer::from_bytes(&text).map_err(|e| TokenizerError::Load {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
         let config_path = path.with_file_name("tokenizer_config.json");
         let config = if config_path.is_file() {
             TokenizerConfig::from_file(&config_path)?

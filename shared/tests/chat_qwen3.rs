@@ -55,7 +55,10 @@ fn mode(s: &str) -> Mode {
 #[test]
 fn rendered_text_and_ids_match_python() -> Result<()> {
     let (chat, fixture) = load()?;
-    assert!(!chat.template().is_builtin(), "Qwen3's own template is used");
+    assert!(
+        !chat.template().is_builtin(),
+        "Qwen3's own template is used"
+    );
     assert!(fixture.cases.iter().any(|c| c.name == "two_turn_think"));
     assert!(fixture.cases.iter().any(|c| c.name == "two_turn_no_think"));
     for case in &fixture.cases {
@@ -84,7 +87,10 @@ fn two_turn_conversation_ends_as_documented() -> Result<()> {
     assert_eq!(tail[0], s["<|im_start|>"]);
     assert_eq!(tail[3], s["<think>"]);
     assert_eq!(tail[5], s["</think>"]);
-    assert_eq!(chat.tokenizer().decode(tail, false)?, "<|im_start|>assistant\n<think>\n\n</think>\n\n");
+    assert_eq!(
+        chat.tokenizer().decode(tail, false)?,
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    );
     Ok(())
 }
 
@@ -95,7 +101,12 @@ fn sft_masks_match_python_offsets() -> Result<()> {
     for case in fixture.cases.iter().filter(|c| c.assistant_mask.is_some()) {
         let enc = chat.encode_sft(&case.messages, mode(&case.mode))?;
         assert_eq!(enc.ids, case.ids, "{}", case.name);
-        assert_eq!(Some(&enc.assistant_mask), case.assistant_mask.as_ref(), "{}", case.name);
+        assert_eq!(
+            Some(&enc.assistant_mask),
+            case.assistant_mask.as_ref(),
+            "{}",
+            case.name
+        );
         assert!(enc.assistant_mask.iter().any(|m| *m));
         checked += 1;
     }
@@ -108,10 +119,16 @@ fn raw_render_matches_python_with_enable_thinking_unset_true_false() -> Result<(
     let (chat, fixture) = load()?;
     assert_eq!(fixture.raw.len(), 6);
     for raw in &fixture.raw {
-        let text = chat
-            .template()
-            .render_raw(&raw.messages, raw.add_generation_prompt, raw.enable_thinking)?;
-        assert_eq!(text, raw.text, "{} enable_thinking={:?}", raw.name, raw.enable_thinking);
+        let text = chat.template().render_raw(
+            &raw.messages,
+            raw.add_generation_prompt,
+            raw.enable_thinking,
+        )?;
+        assert_eq!(
+            text, raw.text,
+            "{} enable_thinking={:?}",
+            raw.name, raw.enable_thinking
+        );
     }
     Ok(())
 }
@@ -136,7 +153,10 @@ fn special_tokens_from_tokenizer_config() -> Result<()> {
     assert_eq!(s.im_end, ids["<|im_end|>"]);
     assert_eq!(s.think_open, Some(ids["<think>"]));
     assert_eq!(s.think_close, Some(ids["</think>"]));
-    assert_eq!(s.eos, ids["<|im_end|>"], "eos_token of tokenizer_config.json");
+    assert_eq!(
+        s.eos, ids["<|im_end|>"],
+        "eos_token of tokenizer_config.json"
+    );
     assert_eq!(s.pad, Some(ids["<|endoftext|>"]));
     assert_eq!(s.stop_ids(), vec![ids["<|endoftext|>"], ids["<|im_end|>"]]);
     Ok(())
@@ -154,7 +174,10 @@ fn encode_adds_nothing_and_decode_round_trips() -> Result<()> {
     let ids = tok.encode(response)?;
     assert_eq!(*ids.last().unwrap(), tok.special().im_end);
     let decoded = tok.decode(&ids, true)?;
-    assert_eq!(decoded, "<think>\nsum\n</think>\n\nThe answer is \\boxed{4}.");
+    assert_eq!(
+        decoded,
+        "<think>\nsum\n</think>\n\nThe answer is \\boxed{4}."
+    );
     let split = split_response(&decoded);
     assert_eq!(split.thinking, Some("sum"));
     assert_eq!(split.answer, Some("The answer is \\boxed{4}."));
@@ -169,9 +192,16 @@ fn load_errors_name_the_file() {
     assert!(err.contains(&missing.display().to_string()), "{err}");
     std::fs::write(&missing, "{ not json").unwrap();
     let err = Tokenizer::from_file(&missing).unwrap_err().to_string();
-    assert!(err.contains("tokenizer.json") && err.contains("not a valid"), "{err}");
+    assert!(
+        err.contains("tokenizer.json") && err.contains("not a valid"),
+        "{err}"
+    );
     // A valid tokenizer with a broken tokenizer_config.json beside it.
-    std::fs::copy(fixtures().join("chat/tiny-tokenizer/tokenizer.json"), &missing).unwrap();
+    std::fs::copy(
+        fixtures().join("chat/tiny-tokenizer/tokenizer.json"),
+        &missing,
+    )
+    .unwrap();
     let config = dir.path().join("tokenizer_config.json");
     std::fs::write(&config, "[1, 2]").unwrap();
     let err = Tokenizer::from_file(&missing).unwrap_err().to_string();

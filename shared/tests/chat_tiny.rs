@@ -80,15 +80,36 @@ fn tiny_chat_matches_python_jinja2() -> Result<()> {
     let fx = fixture()?;
     let chat = Chat::from_dir(tiny_dir())?;
     let special = chat.tokenizer().special().clone();
-    assert_eq!((special.endoftext, special.im_start, special.im_end), (Some(256), 257, 258));
-    assert_eq!((special.think_open, special.think_close), (Some(259), Some(260)));
+    assert_eq!(
+        (special.endoftext, special.im_start, special.im_end),
+        (Some(256), 257, 258)
+    );
+    assert_eq!(
+        (special.think_open, special.think_close),
+        (Some(259), Some(260))
+    );
     assert_eq!((special.eos, special.pad), (258, Some(256)));
     for case in &fx.cases {
         let mode = Mode::parse(&case.mode).unwrap();
-        assert_eq!(chat.render(&case.messages, case.add_generation_prompt, mode)?, case.text, "{}", case.name);
-        assert_eq!(chat.encode_chat(&case.messages, case.add_generation_prompt, mode)?, case.ids, "{}", case.name);
+        assert_eq!(
+            chat.render(&case.messages, case.add_generation_prompt, mode)?,
+            case.text,
+            "{}",
+            case.name
+        );
+        assert_eq!(
+            chat.encode_chat(&case.messages, case.add_generation_prompt, mode)?,
+            case.ids,
+            "{}",
+            case.name
+        );
         if let Some(mask) = &case.assistant_mask {
-            assert_eq!(&chat.encode_sft(&case.messages, mode)?.assistant_mask, mask, "{}", case.name);
+            assert_eq!(
+                &chat.encode_sft(&case.messages, mode)?.assistant_mask,
+                mask,
+                "{}",
+                case.name
+            );
         }
     }
     Ok(())

@@ -49,9 +49,15 @@ fn committed_configs_parse_and_validate() {
 
     let big = RunConfig::load(configs().join("qwen3-8b-base.toml"), &[]).unwrap();
     let kinds: Vec<&str> = big.stages.iter().map(|s| s.kind.as_str()).collect();
-    assert_eq!(kinds, ["sft", "sft", "rlhf", "if", "math", "math", "code", "swe"]);
+    assert_eq!(
+        kinds,
+        ["sft", "sft", "rlhf", "if", "math", "math", "code", "swe"]
+    );
     assert_eq!(big.devices.learner, Device::Cuda(7));
-    assert_eq!(big.devices.actor_assignment(), (0..7).map(Device::Cuda).collect::<Vec<_>>());
+    assert_eq!(
+        big.devices.actor_assignment(),
+        (0..7).map(Device::Cuda).collect::<Vec<_>>()
+    );
     assert_eq!(big.stage("swe").unwrap().group_size, 16);
     assert_eq!(big.resolve("x"), configs().join("x"));
 }
@@ -65,13 +71,19 @@ fn defaults_follow_the_recipe() {
     assert_eq!(s.group_size, 8);
     assert_eq!(s.loss_agg, cascade_shared::config::LossAgg::Token);
     assert_eq!(s.kl_coef, 0.0);
-    assert_eq!(s.max_response_tokens_at(5, cfg.actor.max_new_tokens), cfg.actor.max_new_tokens);
+    assert_eq!(
+        s.max_response_tokens_at(5, cfg.actor.max_new_tokens),
+        cfg.actor.max_new_tokens
+    );
 }
 
 #[test]
 fn unknown_key_is_named_with_allowed_keys() {
     let e = err(&MINIMAL.replace("lr = 1e-6", "lr = 1e-6\nlearning_rate = 1"));
-    assert!(e.contains("stages[0]") && e.contains("unknown field `learning_rate`"), "{e}");
+    assert!(
+        e.contains("stages[0]") && e.contains("unknown field `learning_rate`"),
+        "{e}"
+    );
     assert!(e.contains("warmup_steps"), "lists the allowed keys: {e}");
     let e = err(&format!("{MINIMAL}\n[actor]\ngen_batchh = 3\n"));
     assert!(e.contains("actor") && e.contains("gen_batchh"), "{e}");
@@ -82,13 +94,22 @@ fn unknown_key_is_named_with_allowed_keys() {
 #[test]
 fn wrong_type_names_key_and_expected_type() {
     let e = err(&MINIMAL.replace("steps = 10", "steps = \"ten\""));
-    assert!(e.contains("stages[0].steps") && e.contains("expected usize"), "{e}");
+    assert!(
+        e.contains("stages[0].steps") && e.contains("expected usize"),
+        "{e}"
+    );
     let e = err(&MINIMAL.replace("lr = 1e-6", "lr = [1]"));
     assert!(e.contains("stages[0].lr") && e.contains("f64"), "{e}");
     let e = err(&MINIMAL.replace("kind = \"math\"", "kind = \"chemistry\""));
-    assert!(e.contains("stages[0].kind") && e.contains("`math`") && e.contains("`swe`"), "{e}");
+    assert!(
+        e.contains("stages[0].kind") && e.contains("`math`") && e.contains("`swe`"),
+        "{e}"
+    );
     let e = err(&MINIMAL.replace("steps = 10", "steps = 10\nmax_response_tokens = \"long\""));
-    assert!(e.contains("max_response_tokens") && e.contains("list of token counts"), "{e}");
+    assert!(
+        e.contains("max_response_tokens") && e.contains("list of token counts"),
+        "{e}"
+    );
     let e = err(&MINIMAL.replace("steps = 10", "steps = 10\nloss_agg = \"mean\""));
     assert!(e.contains("`token`") && e.contains("`sequence`"), "{e}");
 }
@@ -102,7 +123,10 @@ fn syntax_error_names_the_file_and_line() {
 #[test]
 fn empty_stage_list_is_an_error() {
     let e = err("[model]\npath = \"ckpt\"\n");
-    assert!(e.starts_with("stages:") && e.contains("at least one"), "{e}");
+    assert!(
+        e.starts_with("stages:") && e.contains("at least one"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -111,15 +135,27 @@ fn cross_field_checks() {
         "{MINIMAL}\n[[stages]]\nname = \"sft\"\nkind = \"sft\"\ndataset = \"d\"\nsteps = 1\nlr = 1e-5\n"
     );
     let e = err(&sft_after_rl);
-    assert!(e.contains("stages[1].kind") && e.contains("SFT stages must come first"), "{e}");
+    assert!(
+        e.contains("stages[1].kind") && e.contains("SFT stages must come first"),
+        "{e}"
+    );
     let cases = [
         ("group_size = 1", "stages[0].group_size"),
         ("top_p = 0.0", "stages[0].top_p"),
         ("top_p = 1.5", "0 < top_p ≤ 1"),
         ("mode_mix = 2.0", "stages[0].mode_mix"),
-        ("max_response_tokens = [8, 16]", "stages[0].curriculum_steps"),
-        ("max_response_tokens = [8, 16]\ncurriculum_steps = [20]", "within (0, 10)"),
-        ("curriculum_steps = [2]", "needs max_response_tokens to be a list"),
+        (
+            "max_response_tokens = [8, 16]",
+            "stages[0].curriculum_steps",
+        ),
+        (
+            "max_response_tokens = [8, 16]\ncurriculum_steps = [20]",
+            "within (0, 10)",
+        ),
+        (
+            "curriculum_steps = [2]",
+            "needs max_response_tokens to be a list",
+        ),
         ("warmup_steps = 11", "stages[0].warmup_steps"),
         ("token_budget = 100", "SFT stages only"),
         ("betas = [0.9, 1.0]", "stages[0].betas[1]"),
@@ -128,14 +164,29 @@ fn cross_field_checks() {
         let e = err(&MINIMAL.replace("steps = 10", &format!("steps = 10\n{line}")));
         assert!(e.contains(needle), "{line}: {e}");
     }
-    let e = err(&MINIMAL.replace("path = \"ckpt\"", "path = \"ckpt\"\ninit = { config = \"c.json\" }"));
+    let e = err(&MINIMAL.replace(
+        "path = \"ckpt\"",
+        "path = \"ckpt\"\ninit = { config = \"c.json\" }",
+    ));
     assert!(e.contains("model") && e.contains("not both"), "{e}");
     let e = err(&MINIMAL.replace("kind = \"math\"", "kind = \"rlhf\""));
     assert!(e.contains("reward_model"), "{e}");
-    let e = err(&MINIMAL.replace("path = \"ckpt\"", "path = \"ckpt\"\n[devices]\nactors = [\"gpu:0\"]"));
-    assert!(e.contains("devices.actors[0]") && e.contains("cuda:A-B"), "{e}");
-    let e = err(&MINIMAL.replace("path = \"ckpt\"", "path = \"ckpt\"\n[devices]\nlearner = \"cuda:0-6\""));
-    assert!(e.contains("devices.learner") && e.contains("not a single device"), "{e}");
+    let e = err(&MINIMAL.replace(
+        "path = \"ckpt\"",
+        "path = \"ckpt\"\n[devices]\nactors = [\"gpu:0\"]",
+    ));
+    assert!(
+        e.contains("devices.actors[0]") && e.contains("cuda:A-B"),
+        "{e}"
+    );
+    let e = err(&MINIMAL.replace(
+        "path = \"ckpt\"",
+        "path = \"ckpt\"\n[devices]\nlearner = \"cuda:0-6\"",
+    ));
+    assert!(
+        e.contains("devices.learner") && e.contains("not a single device"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -162,15 +213,26 @@ fn overrides_by_index_name_and_new_table() {
     assert_eq!(cfg.actor.gen_batch, 32);
     assert_eq!(cfg.model.dtype, cascade_shared::config::DtypeChoice::Bf16);
     assert_eq!(cfg.devices.actor_devices().len(), 4);
-    assert_eq!(cfg.stages[1].max_response_tokens, Some(MaxResponseTokens::Curriculum(vec![8, 16])));
+    assert_eq!(
+        cfg.stages[1].max_response_tokens,
+        Some(MaxResponseTokens::Curriculum(vec![8, 16]))
+    );
 
-    let e = parse_with(MINIMAL, &["stages.0.lrr=1"]).unwrap_err().to_string();
+    let e = parse_with(MINIMAL, &["stages.0.lrr=1"])
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("unknown field `lrr`"), "{e}");
-    let e = parse_with(MINIMAL, &["stages.5.lr=1"]).unwrap_err().to_string();
+    let e = parse_with(MINIMAL, &["stages.5.lr=1"])
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("out of range"), "{e}");
-    let e = parse_with(MINIMAL, &["stages.nope.lr=1"]).unwrap_err().to_string();
+    let e = parse_with(MINIMAL, &["stages.nope.lr=1"])
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("names: math"), "{e}");
-    let e = parse_with(MINIMAL, &["actor.gen_batch=many"]).unwrap_err().to_string();
+    let e = parse_with(MINIMAL, &["actor.gen_batch=many"])
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("actor.gen_batch") && e.contains("usize"), "{e}");
     assert!("no-equals".parse::<Override>().is_err());
 }
@@ -205,7 +267,11 @@ fn cli_flags_override_the_file_in_order() {
 
     let embedded = std::fs::read_to_string(&path).unwrap();
     let cli = Cli::parse_from(["cascade", "--top-p", "0"]);
-    let e = cli.config.load(&embedded, &configs()).unwrap_err().to_string();
+    let e = cli
+        .config
+        .load(&embedded, &configs())
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("actor.top_p"), "{e}");
 }
 
@@ -217,13 +283,18 @@ fn check_files_names_the_missing_one() {
     std::fs::write(&file, MINIMAL).unwrap();
     let cfg = RunConfig::load(&file, &[]).unwrap();
     let e = cfg.check_files().unwrap_err().to_string();
-    assert!(e.contains("stages[0].dataset") && e.contains("math.jsonl"), "{e}");
+    assert!(
+        e.contains("stages[0].dataset") && e.contains("math.jsonl"),
+        "{e}"
+    );
     std::fs::write(dir.path().join("math.jsonl"), "{}\n").unwrap();
     cfg.check_files().unwrap();
 }
 
 #[test]
 fn missing_config_file_names_it() {
-    let e = RunConfig::load("/no/such/run.toml", &[]).unwrap_err().to_string();
+    let e = RunConfig::load("/no/such/run.toml", &[])
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("/no/such/run.toml"), "{e}");
 }

@@ -154,8 +154,14 @@ mod tests {
             Message::assistant("<think>\nadd\n</think>\n\n4"),
         ];
         let enc = chat.encode_sft(&conv, Mode::Think).unwrap();
-        assert_eq!(masked_text(&chat, &enc), "<think>\nadd\n</think>\n\n4<|im_end|>");
-        assert!(!enc.assistant_mask[enc.ids.len() - 1], "trailing newline is not trained");
+        assert_eq!(
+            masked_text(&chat, &enc),
+            "<think>\nadd\n</think>\n\n4<|im_end|>"
+        );
+        assert!(
+            !enc.assistant_mask[enc.ids.len() - 1],
+            "trailing newline is not trained"
+        );
     }
 
     #[test]
@@ -170,6 +176,7 @@ mod tests {
         let enc = chat.encode_sft(&conv, Mode::NoThink).unwrap();
         assert_eq!(masked_text(&chat, &enc), "4<|im_end|>");
         let text = chat.tokenizer().decode(&enc.ids, false).unwrap();
-        assert!(text.contains("2+2? /no_think<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n4"));
+        assert!(text
+            .contains("2+2? /no_think<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n4"));
     }
 }

@@ -59,7 +59,9 @@ pub enum ChatError {
         index: usize,
     },
     /// The assistant span of an SFT sample does not start or end on a token boundary.
-    #[error("message {index}: the assistant turn does not start/end on a token boundary ({detail})")]
+    #[error(
+        "message {index}: the assistant turn does not start/end on a token boundary ({detail})"
+    )]
     MaskBoundary {
         /// Index of the assistant message.
         index: usize,

@@ -113,9 +113,12 @@ impl ChatTemplate {
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_filter("tojson", python_tojson);
-        env.add_function("raise_exception", |message: String| -> std::result::Result<Value, _> {
-            Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
-        });
+        env.add_function(
+            "raise_exception",
+            |message: String| -> std::result::Result<Value, _> {
+                Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
+            },
+        );
         env.add_template_owned(TEMPLATE_NAME, source)
             .map_err(|e| ChatError::Template {
                 message: describe(&e),
@@ -187,7 +190,10 @@ impl ChatTemplate {
 /// Checks roles and the no-think rule, and appends the mode flag to the last user turn.
 pub(crate) fn with_mode_flag(messages: &[Message], mode: Mode) -> Result<Vec<Message>> {
     for (index, message) in messages.iter().enumerate() {
-        if !matches!(message.role.as_str(), "system" | "user" | "assistant" | "tool") {
+        if !matches!(
+            message.role.as_str(),
+            "system" | "user" | "assistant" | "tool"
+        ) {
             return Err(ChatError::Role {
                 index,
                 role: message.role.clone(),
@@ -289,7 +295,11 @@ mod tests {
     use super::*;
 
     fn conv() -> Vec<Message> {
-        vec![Message::user("Hi"), Message::assistant("Hello!"), Message::user("2+2?")]
+        vec![
+            Message::user("Hi"),
+            Message::assistant("Hello!"),
+            Message::user("2+2?"),
+        ]
     }
 
     #[test]
@@ -311,9 +321,8 @@ mod tests {
         let think = t.render(&conv(), true, Mode::Think).unwrap();
         assert!(think.ends_with("2+2? /think<|im_end|>\n<|im_start|>assistant\n"));
         let no = t.render(&conv(), true, Mode::NoThink).unwrap();
-        assert!(no.ends_with(
-            "2+2? /no_think<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
-        ));
+        assert!(no
+            .ends_with("2+2? /no_think<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"));
     }
 
     #[test]

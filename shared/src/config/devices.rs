@@ -156,7 +156,10 @@ impl DevicesConfig {
 
     pub(crate) fn validate(&self) -> Result<()> {
         if self.actors.is_empty() {
-            return Err(invalid("devices.actors", "at least one actor device is needed"));
+            return Err(invalid(
+                "devices.actors",
+                "at least one actor device is needed",
+            ));
         }
         if self.num_actors == Some(0) {
             return Err(invalid("devices.num_actors", "must be at least 1"));
@@ -174,7 +177,9 @@ mod tests {
         assert_eq!(parse_devices("cpu").unwrap(), vec![Device::Cpu]);
         assert_eq!(parse_devices("cuda:3").unwrap(), vec![Device::Cuda(3)]);
         assert_eq!(parse_devices("cuda:0-2").unwrap().len(), 3);
-        for bad in ["gpu", "cuda:", "cuda:x", "cuda:3-1", "cuda:-1", "cuda:+1", "CPU"] {
+        for bad in [
+            "gpu", "cuda:", "cuda:x", "cuda:3-1", "cuda:-1", "cuda:+1", "CPU",
+        ] {
             let err = parse_devices(bad).unwrap_err();
             assert!(err.contains("allowed"), "{bad}: {err}");
         }

@@ -40,7 +40,7 @@ macro_rules! knobs {
         pub struct $Args {
             $(
                 $(#[doc = $doc])*
-                #[arg(long = $flag)]
+                #[arg(long = $flag, id = $flag)]
                 #[serde(default, skip_serializing_if = "Option::is_none")]
                 pub $field: Option<$ty>,
             )*
@@ -152,7 +152,11 @@ impl LearnerConfig {
 
 impl ReplayConfig {
     pub(crate) fn validate(&self) -> Result<()> {
-        at_least("replay.segment_bytes", self.segment_bytes, MIN_SEGMENT_BYTES)?;
+        at_least(
+            "replay.segment_bytes",
+            self.segment_bytes,
+            MIN_SEGMENT_BYTES,
+        )?;
         at_least("replay.max_segments", self.max_segments as u64, 2)?;
         at_least("replay.max_inflight", self.max_inflight as u64, 1)
     }

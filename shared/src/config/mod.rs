@@ -185,9 +185,9 @@ impl RunConfig {
                     return Err(invalid(
                         format!("{at}.kind"),
                         format!(
-                            "SFT stage {:?} comes after RL stage {rl:?}; SFT stages must come first",
-                            stage.name
-                        ),
+                        "SFT stage {:?} comes after RL stage {rl:?}; SFT stages must come first",
+                        stage.name
+                    ),
                     ))
                 }
                 _ => {}

@@ -106,7 +106,10 @@ fn step<'a>(
                 .ok_or_else(|| format!("{segment}: no such key"))
         }
         toml::Value::Array(items) => array_slot(items, segment),
-        other => Err(format!("{segment}: parent is a {}, not a table", other.type_str())),
+        other => Err(format!(
+            "{segment}: parent is a {}, not a table",
+            other.type_str()
+        )),
     }
 }
 
@@ -129,6 +132,9 @@ fn array_slot<'a>(
         .iter_mut()
         .find(|v| v.get("name").and_then(|n| n.as_str()) == Some(segment))
         .ok_or_else(|| {
-            format!("{segment}: no entry with that name or index (names: {})", names.join(", "))
+            format!(
+                "{segment}: no entry with that name or index (names: {})",
+                names.join(", ")
+            )
         })
 }

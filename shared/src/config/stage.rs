@@ -235,10 +235,23 @@ fn default_true() -> bool {
     true
 }
 
+/// `x ≥ 0`, false for NaN.
+fn non_negative(x: f64) -> bool {
+    x >= 0.0
+}
+
+/// `x > 0`, false for NaN.
+fn positive(x: f64) -> bool {
+    x > 0.0
+}
+
 /// Checks 0 < top_p ≤ 1.
 pub(crate) fn check_top_p(key: &str, top_p: f32) -> Result<()> {
     if !(top_p > 0.0 && top_p <= 1.0) {
-        return Err(invalid(key, format!("must satisfy 0 < top_p ≤ 1, got {top_p}")));
+        return Err(invalid(
+            key,
+            format!("must satisfy 0 < top_p ≤ 1, got {top_p}"),
+        ));
     }
     Ok(())
 }
@@ -281,18 +294,24 @@ impl StageConfig {
         if self.warmup_steps > self.steps {
             return Err(invalid(
                 key("warmup_steps"),
-                format!("{} exceeds the stage's {} steps", self.warmup_steps, self.steps),
+                format!(
+                    "{} exceeds the stage's {} steps",
+                    self.warmup_steps, self.steps
+                ),
             ));
         }
         for (i, b) in self.betas.iter().enumerate() {
             if !(0.0..1.0).contains(b) {
-                return Err(invalid(format!("{at}.betas[{i}]"), format!("must be in [0, 1), got {b}")));
+                return Err(invalid(
+                    format!("{at}.betas[{i}]"),
+                    format!("must be in [0, 1), got {b}"),
+                ));
             }
         }
-        if !(self.weight_decay >= 0.0) {
+        if !non_negative(self.weight_decay) {
             return Err(invalid(key("weight_decay"), "must be ≥ 0"));
         }
-        if !(self.grad_clip > 0.0) {
+        if !positive(self.grad_clip) {
             return Err(invalid(key("grad_clip"), "must be > 0"));
         }
         if self.batch_prompts == 0 {
@@ -301,27 +320,33 @@ impl StageConfig {
         if !(0.0..=1.0).contains(&self.mode_mix) {
             return Err(invalid(
                 key("mode_mix"),
-                format!("is the fraction of thinking prompts, in [0, 1]; got {}", self.mode_mix),
+                format!(
+                    "is the fraction of thinking prompts, in [0, 1]; got {}",
+                    self.mode_mix
+                ),
             ));
         }
         check_top_p(&key("top_p"), self.top_p)?;
         if !(self.temperature > 0.0 && self.temperature.is_finite()) {
             return Err(invalid(
                 key("temperature"),
-                format!("must be > 0 for training rollouts, got {}", self.temperature),
+                format!(
+                    "must be > 0 for training rollouts, got {}",
+                    self.temperature
+                ),
             ));
         }
-        if !(self.kl_coef >= 0.0) {
+        if !non_negative(self.kl_coef) {
             return Err(invalid(key("kl_coef"), "must be ≥ 0"));
         }
         if !(self.eps_low >= 0.0 && self.eps_low < 1.0) {
             return Err(invalid(key("eps_low"), "must be in [0, 1)"));
         }
-        if !(self.eps_high >= 0.0) {
+        if !non_negative(self.eps_high) {
             return Err(invalid(key("eps_high"), "must be ≥ 0"));
         }
         if let Some(cap) = self.tis_cap {
-            if !(cap > 0.0) {
+            if !positive(cap) {
                 return Err(invalid(key("tis_cap"), format!("must be > 0, got {cap}")));
             }
         }
@@ -329,7 +354,10 @@ impl StageConfig {
             if self.group_size < 2 {
                 return Err(invalid(
                     key("group_size"),
-                    format!("GRPO needs at least 2 responses per prompt, got {}", self.group_size),
+                    format!(
+                        "GRPO needs at least 2 responses per prompt, got {}",
+                        self.group_size
+                    ),
                 ));
             }
             if self.token_budget.is_some() {
@@ -347,7 +375,10 @@ impl StageConfig {
         match &self.max_response_tokens {
             None | Some(MaxResponseTokens::Fixed(_)) => {
                 if let Some(MaxResponseTokens::Fixed(0)) = self.max_response_tokens {
-                    return Err(invalid(format!("{at}.max_response_tokens"), "must be at least 1"));
+                    return Err(invalid(
+                        format!("{at}.max_response_tokens"),
+                        "must be at least 1",
+                    ));
                 }
                 if !self.curriculum_steps.is_empty() {
                     return Err(invalid(
@@ -375,7 +406,10 @@ impl StageConfig {
                     ));
                 }
                 let increasing = self.curriculum_steps.windows(2).all(|w| w[0] < w[1]);
-                let inside = self.curriculum_steps.iter().all(|&s| s > 0 && s < self.steps);
+                let inside = self
+                    .curriculum_steps
+                    .iter()
+                    .all(|&s| s > 0 && s < self.steps);
                 if !increasing || !inside {
                     return Err(invalid(
                         steps_key,
@@ -393,17 +427,23 @@ impl StageConfig {
         if !(v.code_timeout_s > 0.0 && v.code_timeout_s.is_finite()) {
             return Err(invalid(key("code_timeout_s"), "must be > 0"));
         }
-        if !(v.math_rel_tol >= 0.0) {
+        if !non_negative(v.math_rel_tol) {
             return Err(invalid(key("math_rel_tol"), "must be ≥ 0"));
         }
-        if !(v.rm_weight >= 0.0) || !(v.rule_weight >= 0.0) {
+        if !non_negative(v.rm_weight.into()) || !non_negative(v.rule_weight.into()) {
             return Err(invalid(key("rm_weight"), "reward weights must be ≥ 0"));
         }
         if self.kind == StageKind::Rlhf && v.reward_model.is_none() {
-            return Err(invalid(key("reward_model"), "an rlhf stage needs a reward model"));
+            return Err(invalid(
+                key("reward_model"),
+                "an rlhf stage needs a reward model",
+            ));
         }
         if v.rm_weight > 0.0 && v.reward_model.is_none() {
-            return Err(invalid(key("reward_model"), "rm_weight > 0 needs a reward model"));
+            return Err(invalid(
+                key("reward_model"),
+                "rm_weight > 0 needs a reward model",
+            ));
         }
         Ok(())
     }
