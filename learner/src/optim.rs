@@ -73,14 +73,17 @@ impl AdamWConfig {
                 self.beta1, self.beta2
             )));
         }
-        if !(self.eps > 0.0) || !(self.weight_decay >= 0.0) {
+        // Written so that NaN fails every check.
+        let eps_and_decay_ok = self.eps > 0.0 && self.weight_decay >= 0.0;
+        if !eps_and_decay_ok {
             return Err(LearnerError::InvalidConfig(format!(
                 "eps {} must be > 0 and weight_decay {} ≥ 0",
                 self.eps, self.weight_decay
             )));
         }
         if let Some(n) = self.max_grad_norm {
-            if !(n > 0.0) {
+            let positive = n > 0.0;
+            if !positive {
                 return Err(LearnerError::InvalidConfig(format!(
                     "max_grad_norm {n} must be > 0"
                 )));

@@ -312,7 +312,7 @@ fn list_versions(snapshots_dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
             }
         }
     }
-    out.sort_by(|a, b| b.0.cmp(&a.0));
+    out.sort_by_key(|e| std::cmp::Reverse(e.0));
     Ok(out)
 }
 
