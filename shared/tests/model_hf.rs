@@ -180,15 +180,15 @@ fn ragged_batch_decoding_with_refill_matches_single_runs() -> Result<()> {
     let mut slot_seq = [Some(0usize), Some(1)];
     loop {
         // Retire finished sequences and refill their slot with the waiting one.
-        for slot in 0..2 {
-            if let Some(seq) = slot_seq[slot] {
+        for (slot, occupant) in slot_seq.iter_mut().enumerate() {
+            if let Some(seq) = *occupant {
                 if got[seq].len() == steps[seq] + 1 {
                     batch.release(slot);
-                    slot_seq[slot] = None;
+                    *occupant = None;
                     if got[2].is_empty() {
                         let l = c.model.prefill(&mut batch, &[(slot, &prompts[2])])?;
                         got[2].push(l.squeeze(0)?.to_vec1()?);
-                        slot_seq[slot] = Some(2);
+                        *occupant = Some(2);
                     }
                 }
             }
