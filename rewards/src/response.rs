@@ -1,4 +1,26 @@
-//! Splitting a response into its thinking part and its final answer.
+//! Splitting a response into its thinking part and its final answer, and finding the fenced
+//! code blocks of an answer.
+
+use std::sync::OnceLock;
+
+use regex::Regex;
+
+/// Every closed Markdown code fence of `answer`, in order, as `(language tag, body)`.
+pub fn fenced_blocks(answer: &str) -> Vec<(&str, &str)> {
+    static FENCE: OnceLock<Regex> = OnceLock::new();
+    let fence = FENCE.get_or_init(|| {
+        Regex::new(r"(?s)```[ \t]*([A-Za-z0-9_+\-]*)[^\n]*\n(.*?)```").expect("valid regex")
+    });
+    fence
+        .captures_iter(answer)
+        .map(|c| {
+            (
+                c.get(1).map_or("", |m| m.as_str()),
+                c.get(2).map_or("", |m| m.as_str()),
+            )
+        })
+        .collect()
+}
 
 /// A response split at `</think>`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,26 +1,10 @@
 //! Getting the program out of a response and comparing program output.
 
-use std::sync::OnceLock;
-
-use regex::Regex;
-
 /// The program in a final answer: the last fenced block tagged `python`/`py`/`python3`, else
 /// the last fenced block of any kind, else the whole answer when it has no fence at all.
 /// `None` when the answer is empty or only has an unclosed fence.
 pub fn extract_code(answer: &str) -> Option<&str> {
-    static FENCE: OnceLock<Regex> = OnceLock::new();
-    let fence = FENCE.get_or_init(|| {
-        Regex::new(r"(?s)```[ \t]*([A-Za-z0-9_+\-]*)[^\n]*\n(.*?)```").expect("valid regex")
-    });
-    let blocks: Vec<(&str, &str)> = fence
-        .captures_iter(answer)
-        .map(|c| {
-            (
-                c.get(1).map_or("", |m| m.as_str()),
-                c.get(2).map_or("", |m| m.as_str()),
-            )
-        })
-        .collect();
+    let blocks = crate::response::fenced_blocks(answer);
     let is_python = |lang: &str| {
         matches!(
             lang.to_ascii_lowercase().as_str(),

@@ -1,9 +1,6 @@
 //! The SWE [`Verifier`]: empty patch → 0, unparsable → −1, lexically identical → 1, otherwise
 //! the [`SemanticScorer`]'s score.
 
-use std::sync::OnceLock;
-
-use regex::Regex;
 use serde_json::{json, Value};
 
 use super::diff::{parse, Patch};
@@ -14,19 +11,7 @@ use crate::{Reward, SplitResponse, Verifier, VerifyError};
 /// The patch in a final answer: the last fenced block tagged `diff`/`patch`, else the last
 /// fenced block that looks like a diff, else the whole answer when it has no fence.
 pub fn extract_patch(answer: &str) -> &str {
-    static FENCE: OnceLock<Regex> = OnceLock::new();
-    let fence = FENCE.get_or_init(|| {
-        Regex::new(r"(?s)```[ \t]*([A-Za-z0-9_+\-]*)[^\n]*\n(.*?)```").expect("valid regex")
-    });
-    let blocks: Vec<(&str, &str)> = fence
-        .captures_iter(answer)
-        .map(|c| {
-            (
-                c.get(1).map_or("", |m| m.as_str()),
-                c.get(2).map_or("", |m| m.as_str()),
-            )
-        })
-        .collect();
+    let blocks = crate::response::fenced_blocks(answer);
     if let Some((_, p)) = blocks
         .iter()
         .rev()
