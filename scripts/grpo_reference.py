@@ -26,47 +26,13 @@ import argparse
 import json
 import os
 import sys
-import types
 
 
 def install_shim():
-    """transformers 4.51.3 on Debian's torch 1.13: stub the few torch attributes it touches at import."""
-    import torch
-    import torch.distributed
-    if "torch.distributed.tensor" not in sys.modules:
-        m = types.ModuleType("torch.distributed.tensor")
-
-        class DTensor:  # never instantiated
-            pass
-
-        m.DTensor = DTensor
-        sys.modules["torch.distributed.tensor"] = m
-        torch.distributed.tensor = m
-    if not hasattr(torch, "compiler"):
-        c = types.ModuleType("torch.compiler")
-
-        def disable(fn=None, recursive=True):
-            if fn is None:
-                return lambda f: f
-            return fn
-
-        c.disable = disable
-        c.is_compiling = lambda: False
-        c.is_dynamo_compiling = lambda: False
-        sys.modules["torch.compiler"] = c
-        torch.compiler = c
-
-    class _FakeDtype:
-        def __init__(self, name):
-            self.name = name
-
-        def __repr__(self):
-            return f"torch.{self.name}(shim)"
-
-    for n in ["float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu",
-              "uint16", "uint32", "uint64"]:
-        if not hasattr(torch, n):
-            setattr(torch, n, _FakeDtype(n))
+    """transformers 4.51.3 on Debian's torch 1.13: stub the few torch attributes it touches at
+    import (scripts/hf_shim.py, shared with the other fixture generators)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import hf_shim  # noqa: F401
 
 
 def self_check():
