@@ -287,23 +287,6 @@ impl CausalLm {
         mut kv: KvMode<'_>,
     ) -> Result<Tensor> {
         let (b, s) = input_ids.dims2()?;
-        let max_pos = self.cfg.max_position_embeddings;
-        // A position past the rotary table would be an out-of-bounds gather.
-        let top = positions.flatten_all()?.max(0)?.to_scalar::<u32>()? as usize;
-        if top >= max_pos {
-            return Err(ModelError::TooLong {
-                len: top + 1,
-                max: max_pos,
-            });
-        }
-        let vocab = self.cfg.vocab_size as u32;
-        let top_id = input_ids.flatten_all()?.max(0)?.to_scalar::<u32>()?;
-        if top_id >= vocab {
-            return Err(ModelError::BadTokenId {
-                id: top_id,
-                vocab: self.cfg.vocab_size,
-            });
-        }
         // 1. Embedding: (b, s, hidden).
         let mut x = self
             .embed
@@ -325,6 +308,29 @@ impl CausalLm {
         self.norm.forward(&x, mode)
     }
 
+    /// Checks on the device tensors that every position is inside the rotary table and every id
+    /// inside the vocabulary (the decode path checks the same on the host, without a sync).
+    fn check_inputs(&self, input_ids: &Tensor, positions: &Tensor) -> Result<()> {
+        let max_pos = self.cfg.max_position_embeddings;
+        // A position past the rotary table would be an out-of-bounds gather.
+        let top = positions.flatten_all()?.max(0)?.to_scalar::<u32>()? as usize;
+        if top >= max_pos {
+            return Err(ModelError::TooLong {
+                len: top + 1,
+                max: max_pos,
+            });
+        }
+        let vocab = self.cfg.vocab_size as u32;
+        let top_id = input_ids.flatten_all()?.max(0)?.to_scalar::<u32>()?;
+        if top_id >= vocab {
+            return Err(ModelError::BadTokenId {
+                id: top_id,
+                vocab: self.cfg.vocab_size,
+            });
+        }
+        Ok(())
+    }
+
     /// Projects hidden states `(.., hidden)` to logits `(.., vocab)` in f32.
     pub fn lm_head(&self, hidden: &Tensor) -> Result<Tensor> {
         Ok(Linear::new(self.lm_head.clone(), None)
@@ -340,6 +346,7 @@ impl CausalLm {
         attention_mask: Option<&Tensor>,
     ) -> Result<Tensor> {
         let (positions, bias) = full_sequence_layout(input_ids, attention_mask, &self.device)?;
+        self.check_inputs(input_ids, &positions)?;
         self.run_layers(input_ids, &positions, &bias, OpsMode::Train, KvMode::Own)
     }
 

@@ -173,6 +173,15 @@ impl CausalLm {
                     max: max_pos,
                 });
             }
+            if let Some(&id) = prompt
+                .iter()
+                .find(|&&id| id as usize >= self.config().vocab_size)
+            {
+                return Err(ModelError::BadTokenId {
+                    id,
+                    vocab: self.config().vocab_size,
+                });
+            }
             if rows.iter().filter(|(s, _)| s == slot).count() > 1 {
                 return Err(ModelError::Config(format!("slot {slot} listed twice")));
             }
@@ -228,7 +237,13 @@ impl CausalLm {
             return Err(ModelError::Config("decode_step with no active slot".into()));
         }
         let max_pos = self.config().max_position_embeddings;
-        for &(slot, _) in tokens {
+        for &(slot, tok) in tokens {
+            if tok as usize >= self.config().vocab_size {
+                return Err(ModelError::BadTokenId {
+                    id: tok,
+                    vocab: self.config().vocab_size,
+                });
+            }
             if batch.next_pos[slot] as usize >= max_pos {
                 return Err(ModelError::TooLong {
                     len: batch.next_pos[slot] as usize + 1,
