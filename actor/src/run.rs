@@ -2,7 +2,7 @@
 //! them to the replay log, hot-reload snapshots between decode steps, stop cleanly on SIGTERM.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,6 +27,10 @@ use crate::rewards::{Detokenize, GroupContext, PipelineStats, RewardPipeline, Sc
 use crate::sampler::philox::{uniform_bits, uniform_f32};
 use crate::sampler::{SampleKey, SamplingParams};
 use crate::snapshot_watch::SnapshotWatch;
+use cascade_learner::outcomes::{OutcomeConfig, PromptTracker};
+use cascade_learner::snapshot;
+use cascade_learner::LearnerState;
+use cascade_shared::metrics::{MetricsLog, METRICS_FILE};
 
 /// Command-line overrides of the stage's rollout settings (`None`: the stage/config decides).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -105,12 +109,18 @@ pub fn choose_mode(seed: u64, prompt_id: u64, epoch: u64, mode_mix: f64) -> Mode
     }
 }
 
-/// The verifier of a stage.
+/// The verifier of stage `index`. A reward model that the learner trains inside the run
+/// (`[reward_model]`) is waited for (until its `COMPLETE` marker appears or `stop` is set).
 pub fn build_verifier(
-    stage: &StageConfig,
+    index: usize,
     config: &RunConfig,
+    run_dir: &Path,
     device: &Device,
+    stop: &AtomicBool,
 ) -> Result<Arc<dyn Verifier>> {
+    let stage = config.stages.get(index).ok_or_else(|| {
+        ActorError::Invalid(format!("stage index {index} is not in the run config"))
+    })?;
     let v = &stage.verifier;
     Ok(match stage.kind {
         StageKind::Math => Arc::new(MathVerifier::new(MathConfig {
@@ -134,13 +144,28 @@ pub fn build_verifier(
         ),
         StageKind::Swe => Arc::new(SweVerifier::default()),
         StageKind::Rlhf => {
-            let dir = v.reward_model.as_ref().ok_or_else(|| {
+            let dir = config.reward_model_dir(index, run_dir).ok_or_else(|| {
                 ActorError::Invalid(format!(
-                    "stage {}: rlhf needs verifier.reward_model",
+                    "stage {}: rlhf needs verifier.reward_model or a [reward_model] section",
                     stage.name
                 ))
             })?;
-            Arc::new(RewardModel::load(&config.resolve(dir), device)?)
+            if config.uses_trained_reward_model(index) {
+                let mut logged = false;
+                while !dir.join("COMPLETE").exists() {
+                    if stop.load(Ordering::Relaxed) {
+                        return Err(ActorError::Invalid(
+                            "stopped while waiting for the reward model".into(),
+                        ));
+                    }
+                    if !logged {
+                        tracing::info!("waiting for the learner to train {}", dir.display());
+                        logged = true;
+                    }
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
+            Arc::new(RewardModel::load(&dir, device)?)
         }
         StageKind::Sft => {
             return Err(ActorError::Invalid(format!(
@@ -163,10 +188,27 @@ struct Stage {
     cursor: usize,
     epoch: u64,
     order: Vec<usize>,
+    /// Strictly on-policy (staleness bound 0): the prompts of policy version `v` are a pure
+    /// function of the learner's stage step, so a restarted actor regenerates exactly what an
+    /// uninterrupted one would have.
+    on_policy: bool,
+    /// On-policy: first global prompt index of the current version, and the next draw.
+    base: u64,
+    next_k: u64,
+    /// On-policy: the shared (not per-actor) order of the current epoch.
+    shared_order: Option<(u64, Vec<usize>)>,
+    /// The learner's per-prompt outcomes (retired prompts are drawn with a small probability).
+    tracker: Option<PromptTracker>,
 }
 
 impl Stage {
-    fn open(opts: &ActorOptions, index: u32, stage_step: u64, seed: u64) -> Result<Stage> {
+    fn open(
+        opts: &ActorOptions,
+        index: u32,
+        stage_step: u64,
+        seed: u64,
+        stop: &AtomicBool,
+    ) -> Result<Stage> {
         let cfg = &opts.config;
         let config = cfg
             .stages
@@ -176,7 +218,7 @@ impl Stage {
             })?
             .clone();
         let dataset = Dataset::load(cfg.resolve(&config.dataset), config.kind)?;
-        let verifier = build_verifier(&config, cfg, &opts.device)?;
+        let verifier = build_verifier(index as usize, cfg, &opts.run_dir, &opts.device, stop)?;
         let o = &opts.overrides;
         let top_k = o.top_k.unwrap_or(cfg.actor.top_k);
         let sampling = SamplingParams {
@@ -189,6 +231,7 @@ impl Stage {
             config.max_response_tokens_at(stage_step as usize, cfg.actor.max_new_tokens)
         });
         let group_size = o.group_size.unwrap_or(config.group_size);
+        let on_policy = config.max_staleness_or(cfg.learner.max_staleness) == 0;
         let mut stage = Stage {
             index,
             dataset,
@@ -202,6 +245,11 @@ impl Stage {
             cursor: 0,
             epoch: 0,
             order: Vec::new(),
+            on_policy,
+            base: stage_step * config.batch_prompts as u64,
+            next_k: 0,
+            shared_order: None,
+            tracker: None,
             config,
         };
         stage.shuffle(opts);
@@ -228,7 +276,40 @@ impl Stage {
         self.cursor = 0;
     }
 
-    fn next_prompt(&mut self, opts: &ActorOptions) -> usize {
+    /// On-policy: the prompt at global index `g` of the stage (every actor agrees on it).
+    fn shared_prompt(&mut self, opts: &ActorOptions, g: u64) -> usize {
+        let n = self.dataset.prompts.len() as u64;
+        let epoch = g / n;
+        if self.shared_order.as_ref().map(|(e, _)| *e) != Some(epoch) {
+            let seed = opts.config.actor.seed ^ ORDER_SALT;
+            let mut order: Vec<usize> = (0..n as usize).collect();
+            order.sort_by_key(|&i| {
+                uniform_bits(&SampleKey {
+                    seed,
+                    stream: i as u64,
+                    position: epoch,
+                })
+            });
+            self.shared_order = Some((epoch, order));
+        }
+        self.epoch = epoch;
+        self.shared_order.as_ref().expect("just set").1[(g % n) as usize]
+    }
+
+    /// Starts the prompts of a new policy version (on-policy mode).
+    fn restart_at(&mut self, stage_step: u64) {
+        self.base = stage_step * self.config.batch_prompts as u64;
+        self.next_k = 0;
+    }
+
+    fn draw(&mut self, opts: &ActorOptions) -> usize {
+        if self.on_policy {
+            let actors = opts.config.devices.actor_assignment().len().max(1) as u64;
+            let mine = opts.actor_id as u64 % actors;
+            let g = self.base + self.next_k * actors + mine;
+            self.next_k += 1;
+            return self.shared_prompt(opts, g);
+        }
         if self.cursor >= self.order.len() {
             self.epoch += 1;
             self.shuffle(opts);
@@ -236,6 +317,39 @@ impl Stage {
         let i = self.order[self.cursor];
         self.cursor += 1;
         i
+    }
+
+    /// The next prompt, skipping retired ones unless they come back by chance (a bounded
+    /// number of tries, so a fully retired dataset still yields prompts).
+    fn next_prompt(&mut self, opts: &ActorOptions) -> usize {
+        let tries = self.dataset.prompts.len().max(1);
+        let mut i = self.draw(opts);
+        for _ in 0..tries {
+            let id = self.dataset.prompts[i].id;
+            let back = self.tracker.as_mut().is_none_or(|t| t.should_draw(id));
+            if back {
+                break;
+            }
+            i = self.draw(opts);
+        }
+        i
+    }
+
+    /// Adopts the learner's prompt outcomes of this stage from a snapshot.
+    fn set_tracker(&mut self, state: &LearnerState) {
+        self.tracker = match (&state.prompt_tracker, state.stage_index == self.index) {
+            (Some(t), true) => PromptTracker::from_state(OutcomeConfig::default(), t).ok(),
+            _ => None,
+        };
+    }
+
+    /// The generation seed of the current draw: per epoch, and per version when on-policy.
+    fn job_seed(&self, version: u64) -> u64 {
+        if self.on_policy {
+            mix(mix(self.params.seed, self.epoch), version)
+        } else {
+            mix(self.params.seed, self.epoch)
+        }
     }
 }
 
@@ -277,6 +391,16 @@ fn rl_stage_from(config: &RunConfig, index: u32) -> Option<u32> {
         .map(|i| i as u32)
 }
 
+/// The version `LATEST` names and the stage index in its `state.json` (cheap: no weights).
+fn latest_stage(snapshots: &Path) -> Option<(u64, u32)> {
+    let v = snapshot::read_latest(snapshots)?;
+    let path = snapshots
+        .join(snapshot::version_dir_name(v))
+        .join(snapshot::STATE_FILE);
+    let state: LearnerState = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    Some((v, state.stage_index))
+}
+
 /// Runs an actor until SIGTERM/SIGINT (or `max_groups`), then finishes the groups in flight,
 /// flushes the replay log and returns.
 pub fn run_actor(opts: ActorOptions) -> Result<RunSummary> {
@@ -294,42 +418,105 @@ pub fn run_actor(opts: ActorOptions) -> Result<RunSummary> {
     run_actor_with(opts, term)
 }
 
+/// How the actor starts: weights, tokenizer, version and the learner's position.
+struct Start {
+    model: CausalLm,
+    chat: Chat,
+    version: u64,
+    state: Option<LearnerState>,
+}
+
+/// Waits for weights to generate with: the newest snapshot once the learner is in an RL stage
+/// (actors idle while it runs SFT stages), or the run's initial model when the cascade starts
+/// with an RL stage and nothing is published yet. `None`: stopped, or no RL stage is left.
+fn wait_for_weights(
+    opts: &ActorOptions,
+    watch: &mut SnapshotWatch,
+    stop: &AtomicBool,
+) -> Result<Option<Start>> {
+    let stages = &opts.config.stages;
+    let snapshots = opts.run_dir.join("snapshots");
+    let mut logged = false;
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        match latest_stage(&snapshots) {
+            Some((_, idx)) if rl_stage_from(&opts.config, idx).is_none() => {
+                tracing::info!("the learner is past the last RL stage; nothing to do");
+                return Ok(None);
+            }
+            Some((_, idx)) if !stages[idx as usize].is_rl() => {
+                if !logged {
+                    tracing::info!("waiting while the learner runs SFT stage {}", stages[idx as usize].name);
+                    logged = true;
+                }
+            }
+            Some(_) => {
+                if let Some(w) = watch.poll(None)? {
+                    let chat = Chat::from_dir(&w.dir)?;
+                    return Ok(Some(Start {
+                        model: w.model,
+                        chat,
+                        version: w.version,
+                        state: Some(w.state),
+                    }));
+                }
+            }
+            None if stages.first().is_some_and(StageConfig::is_rl) => {
+                let (model, chat) = initial_model(opts)?;
+                watch.set_current(0)?;
+                return Ok(Some(Start {
+                    model,
+                    chat,
+                    version: 0,
+                    state: None,
+                }));
+            }
+            None => {}
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// [`run_actor`] with an explicit stop flag (tests set it themselves).
 pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSummary> {
     let started = Instant::now();
     let seed = mix(opts.config.actor.seed, u64::from(opts.actor_id));
+    let metrics = MetricsLog::open(
+        opts.run_dir.join(METRICS_FILE),
+        format!("actor-{}", opts.actor_id),
+    )
+    .map_err(|e| ActorError::io(opts.run_dir.join(METRICS_FILE), e))?;
     let mut watch = SnapshotWatch::new(
         opts.run_dir.join("snapshots"),
         opts.actor_id,
         opts.device.clone(),
     );
-    // 1. Weights: the newest valid snapshot, else the run's initial model (version 0).
-    let (model, chat, version, mut stage_index, mut stage_step) = match watch.poll(None)? {
-        Some(w) => {
-            let chat = Chat::from_dir(&w.dir)?;
-            (
-                w.model,
-                chat,
-                w.version,
-                w.state.stage_index,
-                w.state.stage_step,
-            )
-        }
-        None => {
-            let (m, c) = initial_model(&opts)?;
-            watch.set_current(0)?;
-            (m, c, 0, 0, 0)
-        }
+    // 1. Weights.
+    let Some(start) = wait_for_weights(&opts, &mut watch, &stop)? else {
+        return Ok(RunSummary::default());
     };
-    let chat = Arc::new(chat);
+    let (mut stage_index, mut stage_step) = start
+        .state
+        .as_ref()
+        .map_or((0, 0), |s| (s.stage_index, s.stage_step));
+    let version = start.version;
+    let chat = Arc::new(start.chat);
     let stop_ids = chat.tokenizer().special().stop_ids();
-    let mut engine = Engine::new(model, version, opts.config.actor.gen_batch.max(1), stop_ids)?;
+    let mut engine = Engine::new(
+        start.model,
+        version,
+        opts.config.actor.gen_batch.max(1),
+        stop_ids,
+    )?;
     let mut stage = match rl_stage_from(&opts.config, stage_index) {
         Some(i) => Stage::open(
             &opts,
             i,
             if i == stage_index { stage_step } else { 0 },
             seed,
+            &stop,
         )?,
         None => {
             return Err(ActorError::Invalid(
@@ -337,6 +524,9 @@ pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSu
             ))
         }
     };
+    if let Some(state) = &start.state {
+        stage.set_tracker(state);
+    }
     stage_index = stage.index;
     // 2. The reward pipeline and the replay writer.
     let replay = &opts.config.replay;
@@ -373,6 +563,7 @@ pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSu
     let mut next_tag = 0u64;
     let mut submitted = 0u64;
     let mut loaded = 0u64;
+    let mut last_report = (Instant::now(), 0u64);
     let result = (|| -> Result<()> {
         loop {
             let stopping =
@@ -386,26 +577,36 @@ pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSu
                 loaded += 1;
                 let new_index = rl_stage_from(&opts.config, w.state.stage_index);
                 match new_index {
-                    Some(i) if i != stage.index || w.state.stage_step != stage_step => {
-                        stage_step = if i == w.state.stage_index {
+                    Some(i) => {
+                        let new_step = if i == w.state.stage_index {
                             w.state.stage_step
                         } else {
                             0
                         };
                         if i != stage.index {
-                            stage = Stage::open(&opts, i, stage_step, seed)?;
-                        } else {
+                            stage = Stage::open(&opts, i, new_step, seed, &stop)?;
+                        } else if new_step != stage_step {
                             stage.params.max_new_tokens =
                                 opts.overrides.max_new_tokens.unwrap_or_else(|| {
                                     stage.config.max_response_tokens_at(
-                                        stage_step as usize,
+                                        new_step as usize,
                                         opts.config.actor.max_new_tokens,
                                     )
                                 });
                         }
+                        stage_step = new_step;
                         stage_index = i;
+                        stage.set_tracker(&w.state);
+                        if stage.on_policy {
+                            // Rollouts of the old version would be dropped as stale: stop them
+                            // and start the new version's prompts.
+                            for f in engine.abort_all() {
+                                contexts.remove(&f.job.tag);
+                            }
+                            contexts.clear();
+                            stage.restart_at(stage_step);
+                        }
                     }
-                    Some(_) => {}
                     None => {
                         tracing::info!(
                             "no RL stage left after stage {}; stopping",
@@ -433,7 +634,7 @@ pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSu
                     mode,
                     group_size: stage.group_size,
                     params: GenParams {
-                        seed: mix(stage.params.seed, stage.epoch),
+                        seed: stage.job_seed(engine.version()),
                         ..stage.params
                     },
                 };
@@ -456,6 +657,22 @@ pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSu
                         );
                     }
                 }
+            }
+            if last_report.0.elapsed() >= Duration::from_secs(2) {
+                let tokens = engine.stats().tokens;
+                metrics.emit(
+                    "actor",
+                    serde_json::json!({
+                        "actor": opts.actor_id,
+                        "stage": stage.config.name,
+                        "policy_version": engine.version(),
+                        "groups": submitted,
+                        "tokens": tokens,
+                        "tokens_per_s": (tokens - last_report.1) as f64
+                            / last_report.0.elapsed().as_secs_f64().max(1e-9),
+                    }),
+                );
+                last_report = (Instant::now(), tokens);
             }
             if engine.is_idle() {
                 continue;

@@ -96,6 +96,7 @@ fn main() -> anyhow::Result<()> {
                     state: &state,
                     config_json: b"{}",
                     tokenizer_json: b"{}",
+                    extra_files: &[],
                     stage_final: false,
                 },
             )?;

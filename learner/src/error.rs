@@ -62,6 +62,25 @@ pub enum LearnerError {
         /// The configured limit.
         limit: u32,
     },
+    /// A training data file has a malformed line.
+    #[error("{path}:{line}: {reason}")]
+    Dataset {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The model, tokenizer or chat template failed (from `cascade-shared`).
+    #[error("{0}")]
+    Model(String),
+    /// The rollout transport (replay log) failed.
+    #[error("replay: {0}")]
+    Transport(String),
+    /// The run was asked to stop (SIGTERM/SIGINT) while waiting.
+    #[error("stopped by a signal")]
+    Stopped,
     /// The optimizer state does not match the parameters it is loaded for.
     #[error("optimizer state does not match the model: {0}")]
     OptimizerMismatch(String),
@@ -82,6 +101,24 @@ impl LearnerError {
             path: path.into(),
             source,
         }
+    }
+}
+
+impl From<cascade_shared::model::ModelError> for LearnerError {
+    fn from(e: cascade_shared::model::ModelError) -> Self {
+        LearnerError::Model(e.to_string())
+    }
+}
+
+impl From<cascade_shared::chat::ChatError> for LearnerError {
+    fn from(e: cascade_shared::chat::ChatError) -> Self {
+        LearnerError::Model(e.to_string())
+    }
+}
+
+impl From<cascade_shared::transport::TransportError> for LearnerError {
+    fn from(e: cascade_shared::transport::TransportError) -> Self {
+        LearnerError::Transport(e.to_string())
     }
 }
 

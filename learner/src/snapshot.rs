@@ -94,6 +94,9 @@ pub struct SnapshotInput<'a> {
     pub config_json: &'a [u8],
     /// The HF `tokenizer.json` bytes.
     pub tokenizer_json: &'a [u8],
+    /// More files to include (e.g. `tokenizer_config.json` with the chat template), by name;
+    /// checksummed in the manifest like the others.
+    pub extra_files: &'a [(&'a str, &'a [u8])],
     /// Whether this is the last snapshot of its stage.
     pub stage_final: bool,
 }
@@ -189,6 +192,15 @@ pub fn publish(snapshots_dir: &Path, version: u64, input: &SnapshotInput) -> Res
         (CONFIG_FILE, input.config_json),
         (TOKENIZER_FILE, input.tokenizer_json),
     ] {
+        let digest = write_synced(&tmp_dir.join(file), bytes)?;
+        files.insert(file.to_string(), digest.into());
+    }
+    for (file, bytes) in input.extra_files {
+        if file.contains('/') || files.contains_key(*file) || *file == MANIFEST_FILE {
+            return Err(LearnerError::InvalidConfig(format!(
+                "snapshot extra file name {file:?} is not a fresh plain file name"
+            )));
+        }
         let digest = write_synced(&tmp_dir.join(file), bytes)?;
         files.insert(file.to_string(), digest.into());
     }

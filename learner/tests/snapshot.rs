@@ -62,6 +62,7 @@ fn publish_version(
             state: &state(v),
             config_json: br#"{"model_type": "stand_in"}"#,
             tokenizer_json: b"{}",
+            extra_files: &[],
             stage_final,
         },
     )?;

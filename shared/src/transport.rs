@@ -56,6 +56,9 @@ pub struct ReceivedGroup {
     pub actor: String,
     /// Sequence number within that actor's stream.
     pub seq: u64,
+    /// That actor's read position just after this group: a consumer that tracks what it has
+    /// really used (not just received) stores these, see [`RolloutSource::commit_at`].
+    pub cursor_after: cascade_replay::Cursor,
     /// The group.
     pub group: RolloutGroup,
 }
@@ -70,6 +73,11 @@ pub trait RolloutSource {
     fn position(&self) -> Self::Position;
     /// Tells the producers that everything up to [`RolloutSource::position`] is consumed.
     fn commit(&mut self) -> Result<(), TransportError>;
+    /// Tells the producers that everything up to `position` (at most
+    /// [`RolloutSource::position`]) is consumed. A learner that buffers received groups commits
+    /// the position of what its last snapshot covers, so that retention never deletes a
+    /// record a resumed learner still needs.
+    fn commit_at(&mut self, position: &Self::Position) -> Result<(), TransportError>;
 }
 
 /// [`RolloutSink`] over one actor directory of the replay log.
@@ -112,6 +120,8 @@ pub struct ReplaySource {
     pending: VecDeque<Record>,
     /// Cursors just after the last record returned.
     position: Cursors,
+    /// The consumer name of the consumed-position files.
+    consumer: String,
 }
 
 impl ReplaySource {
@@ -121,8 +131,10 @@ impl ReplaySource {
         opts: ReaderOptions,
         position: Option<Cursors>,
     ) -> Result<ReplaySource, TransportError> {
+        let consumer = opts.consumer.clone();
         let reader = ReplayReader::open(root, opts, position.clone())?;
         Ok(ReplaySource {
+            consumer,
             reader,
             pending: VecDeque::new(),
             position: position.unwrap_or_default(),
@@ -152,6 +164,7 @@ impl RolloutSource for ReplaySource {
                     out.push(ReceivedGroup {
                         actor: record.actor.to_string(),
                         seq: record.seq,
+                        cursor_after: record.cursor_after,
                         group,
                     });
                 }
@@ -182,8 +195,17 @@ impl RolloutSource for ReplaySource {
 
     fn commit(&mut self) -> Result<(), TransportError> {
         // Publish only what was returned, not what is still pending.
-        for (actor, cursor) in &self.position.actors {
-            cascade_replay::write_consumed(&self.reader.root().join(actor), "learner", cursor)?;
+        let position = self.position.clone();
+        self.commit_at(&position)
+    }
+
+    fn commit_at(&mut self, position: &Cursors) -> Result<(), TransportError> {
+        for (actor, cursor) in &position.actors {
+            cascade_replay::write_consumed(
+                &self.reader.root().join(actor),
+                &self.consumer,
+                cursor,
+            )?;
         }
         Ok(())
     }

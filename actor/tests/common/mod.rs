@@ -78,6 +78,7 @@ pub fn publish_tiny(
             state: &state,
             config_json: &config_json,
             tokenizer_json: &tokenizer_json,
+            extra_files: &[],
             stage_final: false,
         },
     )

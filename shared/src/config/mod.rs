@@ -7,6 +7,7 @@
 
 mod devices;
 mod error;
+mod extra;
 mod knobs;
 mod model;
 mod overrides;
@@ -18,12 +19,16 @@ use serde::{Deserialize, Serialize};
 
 pub use devices::{parse_devices, Device, DeviceSpec, DevicesConfig};
 pub use error::{ConfigError, Result};
+pub use extra::{EvalConfig, RewardModelTrainConfig};
 pub use knobs::{ActorArgs, ActorConfig, LearnerArgs, LearnerConfig, ReplayArgs, ReplayConfig};
 pub use model::{DtypeChoice, InitConfig, ModelConfig};
 pub use overrides::Override;
 pub use stage::{IfStrictness, LossAgg, MaxResponseTokens, Schedule, StageConfig, VerifierConfig};
 
 use error::invalid;
+
+/// Directory of the reward model `[reward_model]` trains, inside the run directory.
+pub const TRAINED_REWARD_MODEL_DIR: &str = "reward_model";
 
 /// A whole run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -46,6 +51,12 @@ pub struct RunConfig {
     /// The cascade, in order: SFT stages, then RL stages.
     #[serde(default)]
     pub stages: Vec<StageConfig>,
+    /// A reward model to train inside the run (for `rlhf` stages without their own).
+    #[serde(default)]
+    pub reward_model: Option<RewardModelTrainConfig>,
+    /// The held-out evaluation after each stage.
+    #[serde(default)]
+    pub eval: EvalConfig,
     /// Directory relative paths are resolved against (the config file's directory).
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -163,6 +174,10 @@ impl RunConfig {
         self.actor.validate()?;
         self.learner.validate()?;
         self.replay.validate()?;
+        self.eval.validate()?;
+        if let Some(rm) = &self.reward_model {
+            rm.validate()?;
+        }
         if self.stages.is_empty() {
             return Err(invalid(
                 "stages",
@@ -172,7 +187,7 @@ impl RunConfig {
         let mut seen_rl: Option<&str> = None;
         for (i, stage) in self.stages.iter().enumerate() {
             let at = format!("stages[{i}]");
-            stage.validate(&at)?;
+            stage.validate(&at, self.reward_model.is_some())?;
             if self.stages[..i].iter().any(|s| s.name == stage.name) {
                 return Err(invalid(
                     format!("{at}.name"),
@@ -218,6 +233,12 @@ impl RunConfig {
                 files.push((format!("stages[{i}].verifier.reward_model"), rm));
             }
         }
+        if let Some(rm) = &self.reward_model {
+            files.push(("reward_model.dataset".into(), &rm.dataset));
+            if let Some(h) = &rm.heldout {
+                files.push(("reward_model.heldout".into(), h));
+            }
+        }
         for (key, path) in files {
             let resolved = self.resolve(path);
             if !resolved.exists() {
@@ -238,6 +259,26 @@ impl RunConfig {
         } else {
             self.base_dir.join(path)
         }
+    }
+
+    /// Where the reward model of stage `index` lives: its own `verifier.reward_model`, else the
+    /// one `[reward_model]` trains into `RUN_DIR/reward_model`; `None` if it has neither.
+    pub fn reward_model_dir(&self, index: usize, run_dir: &Path) -> Option<PathBuf> {
+        let stage = self.stages.get(index)?;
+        match &stage.verifier.reward_model {
+            Some(p) => Some(self.resolve(p)),
+            None if self.reward_model.is_some() => Some(run_dir.join(TRAINED_REWARD_MODEL_DIR)),
+            None => None,
+        }
+    }
+
+    /// Whether stage `index` uses the reward model `[reward_model]` trains.
+    pub fn uses_trained_reward_model(&self, index: usize) -> bool {
+        self.stages.get(index).is_some_and(|s| {
+            self.reward_model.is_some()
+                && s.verifier.reward_model.is_none()
+                && (s.kind == crate::StageKind::Rlhf || s.verifier.rm_weight > 0.0)
+        })
     }
 
     /// The stage called `name`.

@@ -280,7 +280,7 @@ impl StageConfig {
     }
 
     /// Checks this stage alone; `at` is its key prefix (`stages[2]`).
-    pub(crate) fn validate(&self, at: &str) -> Result<()> {
+    pub(crate) fn validate(&self, at: &str, trained_rm: bool) -> Result<()> {
         let key = |k: &str| format!("{at}.{k}");
         if self.name.trim().is_empty() {
             return Err(invalid(key("name"), "must not be empty"));
@@ -367,7 +367,7 @@ impl StageConfig {
             return Err(invalid(key("token_budget"), "must be at least 1"));
         }
         self.validate_lengths(at)?;
-        self.validate_verifier(at)
+        self.validate_verifier(at, trained_rm)
     }
 
     fn validate_lengths(&self, at: &str) -> Result<()> {
@@ -421,7 +421,7 @@ impl StageConfig {
         Ok(())
     }
 
-    fn validate_verifier(&self, at: &str) -> Result<()> {
+    fn validate_verifier(&self, at: &str, trained_rm: bool) -> Result<()> {
         let v = &self.verifier;
         let key = |k: &str| format!("{at}.verifier.{k}");
         if !(v.code_timeout_s > 0.0 && v.code_timeout_s.is_finite()) {
@@ -433,13 +433,13 @@ impl StageConfig {
         if !non_negative(v.rm_weight.into()) || !non_negative(v.rule_weight.into()) {
             return Err(invalid(key("rm_weight"), "reward weights must be ≥ 0"));
         }
-        if self.kind == StageKind::Rlhf && v.reward_model.is_none() {
+        if self.kind == StageKind::Rlhf && v.reward_model.is_none() && !trained_rm {
             return Err(invalid(
                 key("reward_model"),
-                "an rlhf stage needs a reward model",
+                "an rlhf stage needs a reward model (this key, or a [reward_model] section that trains one)",
             ));
         }
-        if v.rm_weight > 0.0 && v.reward_model.is_none() {
+        if v.rm_weight > 0.0 && v.reward_model.is_none() && !trained_rm {
             return Err(invalid(
                 key("reward_model"),
                 "rm_weight > 0 needs a reward model",

@@ -340,6 +340,8 @@ impl CausalLm {
 
     /// Final hidden states `(b, t, hidden)` of a full sequence. `attention_mask` `(b, t)` (1 = real
     /// token, 0 = padding; left or right padding), or `None` for no padding. Differentiable.
+    /// A packed row numbers its sequences instead (1, 1, 1, 2, 2, 0, ...): each attends only
+    /// within itself and its positions restart at 0, as if it were alone.
     pub fn forward_hidden(
         &self,
         input_ids: &Tensor,
@@ -393,17 +395,21 @@ impl CausalLm {
     }
 }
 
-/// Positions and the additive attention bias of a full (possibly padded) sequence batch.
-/// Positions count real tokens only, so a left-padded row sees the same positions as unpadded.
-/// Key `j` is visible to query `i` when `j <= i` and `j` is a real token; the diagonal is always
-/// visible so that padded queries never produce NaN (their outputs are masked by the caller).
+/// Positions and the additive attention bias of a full (possibly padded, possibly packed)
+/// sequence batch. The mask holds 0 for padding and a segment id ≥ 1 for real tokens: a plain
+/// 0/1 mask is one segment per row; a packed row numbers its sequences 1, 2, ... (SFT packing).
+/// Positions count the real tokens of the same segment before a token, so a left-padded row
+/// sees the same positions as unpadded and every packed sequence starts at position 0. Key `j`
+/// is visible to query `i` when `j <= i` and `j` is a real token of `i`'s segment; the diagonal
+/// is always visible so that padded queries never produce NaN (their outputs are masked by the
+/// caller).
 pub(crate) fn full_sequence_layout(
     input_ids: &Tensor,
     attention_mask: Option<&Tensor>,
     device: &Device,
 ) -> Result<(Tensor, Tensor)> {
     let (b, t) = input_ids.dims2()?;
-    let mask: Vec<Vec<u8>> = match attention_mask {
+    let mask: Vec<Vec<u32>> = match attention_mask {
         Some(m) => {
             if m.dims() != [b, t] {
                 return Err(ModelError::Config(format!(
@@ -412,17 +418,21 @@ pub(crate) fn full_sequence_layout(
                     [b, t]
                 )));
             }
-            m.to_dtype(DType::U8)?.to_vec2::<u8>()?
+            m.to_dtype(DType::U32)?.to_vec2::<u32>()?
         }
-        None => vec![vec![1u8; t]; b],
+        None => vec![vec![1u32; t]; b],
     };
     let mut positions = Vec::with_capacity(b * t);
     let mut bias = vec![f32::NEG_INFINITY; b * t * t];
     for (r, row) in mask.iter().enumerate() {
-        // A real token's position is the number of real tokens before it; padding gets a
-        // harmless in-range position.
+        // Real tokens count within their segment; padding gets a harmless in-range position.
         let mut count = 0u32;
+        let mut segment = 0u32;
         for &m in row {
+            if m != 0 && m != segment {
+                segment = m;
+                count = 0;
+            }
             positions.push(if m != 0 {
                 count
             } else {
@@ -434,8 +444,10 @@ pub(crate) fn full_sequence_layout(
         }
         for i in 0..t {
             let base = (r * t + i) * t;
+            let own = row[i];
             for j in 0..=i {
-                if row[j] != 0 || j == i {
+                let visible = if own == 0 { row[j] != 0 } else { row[j] == own };
+                if visible || j == i {
                     bias[base + j] = 0.0;
                 }
             }

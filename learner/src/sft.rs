@@ -1,0 +1,343 @@
+//! Supervised fine-tuning: conversations in both modes, packed into fixed-budget rows, loss on
+//! the assistant tokens only.
+//!
+//! Data is JSONL, one conversation per line: `{"messages": [{"role", "content"}, ...], "mode":
+//! "think" | "no_think"}` (mode defaults to `think`). A think-mode assistant turn carries its
+//! reasoning as `<think>\n...\n</think>\n\n` before the answer. [`Chat::encode_sft`] renders
+//! the conversation with the chat template of `mode` and marks the tokens the model is trained
+//! to produce.
+//!
+//! **Packing**: each epoch visits the conversations in a seeded order and fills rows of at most
+//! `token_budget` tokens with whole conversations (next-fit). A row numbers its conversations
+//! 1, 2, ... in the attention mask, so each attends only within itself and its positions
+//! restart at 0 (see `CausalLm::forward_hidden`): packing changes the cost, never the loss. A
+//! conversation longer than the budget is skipped and counted.
+//!
+//! **Loss**: the sum over the step's rows of `−log p(token)` over trained tokens, divided by the
+//! number of trained tokens of the whole step (token-level, as in the RL stages), accumulated
+//! micro-batch by micro-batch so memory follows `micro_batch`.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{Device, Tensor};
+use cascade_shared::chat::{Chat, Message};
+use cascade_shared::model::CausalLm;
+use cascade_shared::Mode;
+use rand::seq::SliceRandom;
+use serde_json::Value;
+
+use crate::error::{LearnerError, Result};
+use crate::optim::AdamW;
+use crate::rng::seeded;
+
+/// One tokenized conversation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SftExample {
+    /// Token ids of the whole rendered conversation.
+    pub ids: Vec<u32>,
+    /// `true` where the token is trained.
+    pub trained: Vec<bool>,
+    /// The conversation's mode.
+    pub mode: Mode,
+}
+
+/// A loaded SFT file.
+#[derive(Debug, Clone)]
+pub struct SftData {
+    /// Where it came from.
+    pub path: PathBuf,
+    /// Conversations that fit the token budget.
+    pub examples: Vec<SftExample>,
+    /// Conversations skipped because they are longer than the budget.
+    pub too_long: usize,
+}
+
+/// Loads and tokenizes an SFT file; a malformed line is an error naming file and line.
+pub fn load_sft(path: &Path, chat: &Chat, token_budget: usize) -> Result<SftData> {
+    let text = std::fs::read_to_string(path).map_err(|e| LearnerError::io(path, e))?;
+    let mut examples = Vec::new();
+    let mut too_long = 0;
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let bad = |reason: String| LearnerError::Dataset {
+            path: path.to_path_buf(),
+            line: i + 1,
+            reason,
+        };
+        let value: Value =
+            serde_json::from_str(line).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+        let list = value
+            .get("messages")
+            .and_then(Value::as_array)
+            .ok_or_else(|| bad("needs `messages`, a list of {role, content}".into()))?;
+        let mut messages = Vec::with_capacity(list.len());
+        for (j, m) in list.iter().enumerate() {
+            match (
+                m.get("role").and_then(Value::as_str),
+                m.get("content").and_then(Value::as_str),
+            ) {
+                (Some(r), Some(c)) => messages.push(Message::new(r, c)),
+                _ => {
+                    return Err(bad(format!(
+                        "messages[{j}] needs string `role` and `content`"
+                    )))
+                }
+            }
+        }
+        if !messages.iter().any(|m| m.role == "assistant") {
+            return Err(bad("no assistant turn to train on".into()));
+        }
+        let mode = match value.get("mode") {
+            None => Mode::Think,
+            Some(Value::String(s)) => Mode::parse(s).ok_or_else(|| {
+                bad(format!("`mode` must be \"think\" or \"no_think\", got {s:?}"))
+            })?,
+            Some(other) => return Err(bad(format!("`mode` must be a string, got {other}"))),
+        };
+        let enc = chat
+            .encode_sft(&messages, mode)
+            .map_err(|e| bad(format!("cannot render: {e}")))?;
+        if enc.ids.len() > token_budget {
+            too_long += 1;
+            continue;
+        }
+        if !enc.assistant_mask.iter().any(|&m| m) {
+            return Err(bad("no trained token after rendering".into()));
+        }
+        examples.push(SftExample {
+            ids: enc.ids,
+            trained: enc.assistant_mask,
+            mode,
+        });
+    }
+    if examples.is_empty() {
+        return Err(LearnerError::Dataset {
+            path: path.to_path_buf(),
+            line: 0,
+            reason: format!(
+                "no usable conversation ({too_long} longer than the token budget {token_budget})"
+            ),
+        });
+    }
+    Ok(SftData {
+        path: path.to_path_buf(),
+        examples,
+        too_long,
+    })
+}
+
+/// A packed training row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PackedRow {
+    /// Concatenated token ids.
+    pub ids: Vec<u32>,
+    /// Conversation number (1-based) of each token.
+    pub segments: Vec<u32>,
+    /// `weights[i]`: whether predicting `ids[i + 1]` from position `i` is trained (same
+    /// conversation and a trained token); length `ids.len() - 1`.
+    pub weights: Vec<bool>,
+}
+
+impl PackedRow {
+    /// Trained target tokens of the row.
+    pub fn trained_tokens(&self) -> usize {
+        self.weights.iter().filter(|&&w| w).count()
+    }
+}
+
+/// Packs `order` (indices into `examples`) next-fit into rows of at most `budget` tokens.
+pub fn pack(examples: &[SftExample], order: &[usize], budget: usize) -> Vec<PackedRow> {
+    let mut rows = Vec::new();
+    let mut ids: Vec<u32> = Vec::new();
+    let mut segments: Vec<u32> = Vec::new();
+    let mut trained: Vec<bool> = Vec::new();
+    let flush =
+        |ids: &mut Vec<u32>, segments: &mut Vec<u32>, trained: &mut Vec<bool>, rows: &mut Vec<_>| {
+            if ids.len() >= 2 {
+                let weights = (0..ids.len() - 1)
+                    .map(|i| segments[i] == segments[i + 1] && trained[i + 1])
+                    .collect();
+                rows.push(PackedRow {
+                    ids: std::mem::take(ids),
+                    segments: std::mem::take(segments),
+                    weights,
+                });
+            }
+            ids.clear();
+            segments.clear();
+            trained.clear();
+        };
+    for &i in order {
+        let ex = &examples[i];
+        if !ids.is_empty() && ids.len() + ex.ids.len() > budget {
+            flush(&mut ids, &mut segments, &mut trained, &mut rows);
+        }
+        let seg = segments.last().map_or(1, |s| s + 1);
+        ids.extend_from_slice(&ex.ids);
+        segments.extend(std::iter::repeat_n(seg, ex.ids.len()));
+        trained.extend_from_slice(&ex.trained);
+    }
+    flush(&mut ids, &mut segments, &mut trained, &mut rows);
+    rows
+}
+
+/// The rows of an SFT stage, epoch after epoch, each epoch in its own seeded order. Row `k` of
+/// the stage is a pure function of (seed, data, budget, k), so a resumed stage continues with
+/// exactly the rows an uninterrupted one would have used.
+#[derive(Debug)]
+pub struct SftSchedule {
+    data: SftData,
+    budget: usize,
+    seed: u64,
+    epochs: Vec<Vec<PackedRow>>,
+}
+
+impl SftSchedule {
+    /// A schedule over `data`.
+    pub fn new(data: SftData, budget: usize, seed: u64) -> Self {
+        SftSchedule {
+            data,
+            budget,
+            seed,
+            epochs: Vec::new(),
+        }
+    }
+
+    /// The data.
+    pub fn data(&self) -> &SftData {
+        &self.data
+    }
+
+    fn epoch(&mut self, e: usize) -> &[PackedRow] {
+        while self.epochs.len() <= e {
+            let n = self.epochs.len() as u64;
+            let mut order: Vec<usize> = (0..self.data.examples.len()).collect();
+            let mut rng = seeded(self.seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            order.shuffle(&mut rng);
+            self.epochs
+                .push(pack(&self.data.examples, &order, self.budget));
+        }
+        &self.epochs[e]
+    }
+
+    /// Rows `start .. start + n` of the stage (crossing epochs as needed).
+    pub fn rows(&mut self, start: usize, n: usize) -> Vec<PackedRow> {
+        let mut out = Vec::with_capacity(n);
+        let mut k = start;
+        let mut e = 0;
+        let mut offset = 0; // rows before epoch e
+        while out.len() < n {
+            let len = self.epoch(e).len();
+            if k < offset + len {
+                out.push(self.epoch(e)[k - offset].clone());
+                k += 1;
+            } else {
+                offset += len;
+                e += 1;
+            }
+        }
+        out
+    }
+}
+
+/// What one SFT step computed.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SftStats {
+    /// Mean negative log-likelihood per trained token.
+    pub loss: f64,
+    /// Trained tokens.
+    pub trained_tokens: usize,
+    /// All tokens that went through the model.
+    pub total_tokens: usize,
+}
+
+/// Forward + backward of `rows`, `micro_batch` rows at a time, gradients added to
+/// `optimizer`; the loss is normalised by the trained tokens of all `rows`.
+pub fn accumulate_sft_gradients(
+    model: &CausalLm,
+    rows: &[PackedRow],
+    micro_batch: usize,
+    optimizer: &mut AdamW,
+    device: &Device,
+) -> Result<SftStats> {
+    let trained: usize = rows.iter().map(PackedRow::trained_tokens).sum();
+    let total: usize = rows.iter().map(|r| r.ids.len()).sum();
+    if trained == 0 {
+        return Err(LearnerError::InvalidBatch("SFT step without trained tokens".into()));
+    }
+    let norm = trained as f64;
+    let mut loss_sum = 0.0;
+    for chunk in rows.chunks(micro_batch.max(1)) {
+        let width = chunk.iter().map(|r| r.ids.len()).max().unwrap_or(0);
+        let n = chunk.len();
+        let mut ids = vec![0u32; n * width];
+        let mut seg = vec![0u32; n * width];
+        let mut w = vec![0f32; n * (width - 1)];
+        for (r, row) in chunk.iter().enumerate() {
+            ids[r * width..r * width + row.ids.len()].copy_from_slice(&row.ids);
+            seg[r * width..r * width + row.ids.len()].copy_from_slice(&row.segments);
+            for (i, &on) in row.weights.iter().enumerate() {
+                if on {
+                    w[r * (width - 1) + i] = 1.0;
+                }
+            }
+        }
+        let ids = Tensor::from_vec(ids, (n, width), device)?;
+        let seg = Tensor::from_vec(seg, (n, width), device)?;
+        let w = Tensor::from_vec(w, (n, width - 1), device)?;
+        let logprobs = model.token_logprobs(&ids, Some(&seg))?;
+        let nll = (logprobs.mul(&w)?.sum_all()?.neg()? / norm)?;
+        loss_sum += f64::from(nll.to_scalar::<f32>()?);
+        let grads = nll.backward()?;
+        optimizer.accumulate(&grads)?;
+    }
+    Ok(SftStats {
+        loss: loss_sum,
+        trained_tokens: trained,
+        total_tokens: total,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ex(len: usize, trained_from: usize) -> SftExample {
+        SftExample {
+            ids: (0..len as u32).collect(),
+            trained: (0..len).map(|i| i >= trained_from).collect(),
+            mode: Mode::Think,
+        }
+    }
+
+    #[test]
+    fn packing_never_trains_across_conversations() {
+        let examples = vec![ex(4, 2), ex(3, 1), ex(5, 3)];
+        let rows = pack(&examples, &[0, 1, 2], 8);
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].segments, vec![1, 1, 1, 1, 2, 2, 2]);
+        // Targets: positions 1..4 of conv 1 (trained from 2: targets 2, 3), then conv 2 (1, 2).
+        assert_eq!(
+            rows[0].weights,
+            vec![false, true, true, false, true, true]
+        );
+        assert_eq!(rows[0].trained_tokens(), 4);
+        assert_eq!(rows[1].ids.len(), 5);
+    }
+
+    #[test]
+    fn schedule_rows_are_a_function_of_the_index() {
+        let examples: Vec<_> = (0..10).map(|i| ex(3 + i % 4, 1)).collect();
+        let data = SftData {
+            path: PathBuf::from("x"),
+            examples,
+            too_long: 0,
+        };
+        let mut a = SftSchedule::new(data.clone(), 12, 7);
+        let mut b = SftSchedule::new(data, 12, 7);
+        let all = a.rows(0, 20);
+        assert_eq!(b.rows(13, 7), all[13..20].to_vec());
+    }
+}
