@@ -17,6 +17,7 @@ pub mod optim;
 pub mod outcomes;
 pub mod policy;
 pub mod reward_run;
+pub mod reward_train;
 pub mod rng;
 pub mod run;
 pub mod schedule;
