@@ -1,6 +1,7 @@
 //! `cascade`: the one binary. Each subcommand lives in its own file under `commands/`.
 
 mod commands;
+mod heldout;
 
 use clap::{Parser, Subcommand};
 
@@ -27,16 +28,40 @@ enum Command {
     Actor(commands::actor::ActorArgs),
     /// Score responses with the verifiers (one JSON line in, one JSON line out).
     Score(commands::score::ScoreArgs),
+    /// Run the learner: SFT, reward-model training and GRPO stage after stage.
+    Learner(commands::learner::LearnerCmdArgs),
+    /// Run the whole cascade: learner + actors as supervised child processes, held-out table,
+    /// report.
+    Run(commands::run::RunArgs),
+    /// Evaluate a model on a prompt file with the training verifiers (pass@1, pass@k).
+    Eval(commands::eval::EvalArgs),
+    /// Dataset tools (`cascade data tiny`).
+    #[command(subcommand)]
+    Data(commands::data::DataCommand),
+    /// Write the HTML report of a run.
+    Report(commands::report::ReportArgs),
 }
 
 fn main() {
     let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let result = match cli.command {
         Command::Inspect(cmd) => commands::inspect::run(cmd),
         Command::InitModel(args) => commands::init_model::run(args),
         Command::Replay(cmd) => commands::replay::run(cmd),
         Command::Score(args) => commands::score::run(args),
         Command::Actor(args) => commands::actor::run(args),
+        Command::Learner(args) => commands::learner::run(args),
+        Command::Run(args) => commands::run::run(args),
+        Command::Eval(args) => commands::eval::run(args),
+        Command::Data(cmd) => commands::data::run(cmd),
+        Command::Report(args) => commands::report::run(args),
     };
     match result {
         Ok(code) => std::process::exit(code),

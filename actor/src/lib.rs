@@ -6,6 +6,7 @@
 pub mod dataset;
 pub mod engine;
 pub mod error;
+pub mod eval;
 pub mod reward_model;
 pub mod rewards;
 pub mod run;

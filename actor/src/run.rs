@@ -14,7 +14,7 @@ use cascade_rewards::ifeval::{IfEvalConfig, IfEvalMode};
 use cascade_rewards::math::MathConfig;
 use cascade_rewards::{CodeVerifier, IfEvalVerifier, MathVerifier, SweVerifier, Verifier};
 use cascade_shared::chat::Chat;
-use cascade_shared::config::{IfStrictness, RunConfig, StageConfig};
+use cascade_shared::config::{IfStrictness, RunConfig, StageConfig, VerifierConfig};
 use cascade_shared::model::{compute_dtype, load_model, random_weights, CausalLm, ModelConfig};
 use cascade_shared::transport::{ReplaySink, RolloutSink};
 use cascade_shared::{Mode, StageKind};
@@ -109,20 +109,15 @@ pub fn choose_mode(seed: u64, prompt_id: u64, epoch: u64, mode_mix: f64) -> Mode
     }
 }
 
-/// The verifier of stage `index`. A reward model that the learner trains inside the run
-/// (`[reward_model]`) is waited for (until its `COMPLETE` marker appears or `stop` is set).
-pub fn build_verifier(
-    index: usize,
-    config: &RunConfig,
-    run_dir: &Path,
+/// The verifier of a domain with the stage's verifier options; `rm_dir` is the reward-model
+/// checkpoint (needed by `rlhf`).
+pub fn verifier_for(
+    kind: StageKind,
+    v: &VerifierConfig,
+    rm_dir: Option<&Path>,
     device: &Device,
-    stop: &AtomicBool,
 ) -> Result<Arc<dyn Verifier>> {
-    let stage = config.stages.get(index).ok_or_else(|| {
-        ActorError::Invalid(format!("stage index {index} is not in the run config"))
-    })?;
-    let v = &stage.verifier;
-    Ok(match stage.kind {
+    Ok(match kind {
         StageKind::Math => Arc::new(MathVerifier::new(MathConfig {
             percent_equivalence: v.math_percent_equivalence,
             ..MathConfig::default()
@@ -144,36 +139,54 @@ pub fn build_verifier(
         ),
         StageKind::Swe => Arc::new(SweVerifier::default()),
         StageKind::Rlhf => {
-            let dir = config.reward_model_dir(index, run_dir).ok_or_else(|| {
-                ActorError::Invalid(format!(
-                    "stage {}: rlhf needs verifier.reward_model or a [reward_model] section",
-                    stage.name
-                ))
+            let dir = rm_dir.ok_or_else(|| {
+                ActorError::Invalid("the rlhf verifier needs a reward model".into())
             })?;
-            if config.uses_trained_reward_model(index) {
-                let mut logged = false;
-                while !dir.join("COMPLETE").exists() {
-                    if stop.load(Ordering::Relaxed) {
-                        return Err(ActorError::Invalid(
-                            "stopped while waiting for the reward model".into(),
-                        ));
-                    }
-                    if !logged {
-                        tracing::info!("waiting for the learner to train {}", dir.display());
-                        logged = true;
-                    }
-                    std::thread::sleep(Duration::from_millis(200));
-                }
-            }
-            Arc::new(RewardModel::load(&dir, device)?)
+            Arc::new(RewardModel::load(dir, device)?)
         }
         StageKind::Sft => {
-            return Err(ActorError::Invalid(format!(
-                "stage {} is SFT: no rollouts",
-                stage.name
-            )))
+            return Err(ActorError::Invalid(
+                "SFT data has no verifier (no rollouts)".into(),
+            ))
         }
     })
+}
+
+/// The verifier of stage `index`. A reward model that the learner trains inside the run
+/// (`[reward_model]`) is waited for (until its `COMPLETE` marker appears or `stop` is set).
+pub fn build_verifier(
+    index: usize,
+    config: &RunConfig,
+    run_dir: &Path,
+    device: &Device,
+    stop: &AtomicBool,
+) -> Result<Arc<dyn Verifier>> {
+    let stage = config.stages.get(index).ok_or_else(|| {
+        ActorError::Invalid(format!("stage index {index} is not in the run config"))
+    })?;
+    let rm_dir = config.reward_model_dir(index, run_dir);
+    if stage.kind == StageKind::Rlhf && rm_dir.is_none() {
+        return Err(ActorError::Invalid(format!(
+            "stage {}: rlhf needs verifier.reward_model or a [reward_model] section",
+            stage.name
+        )));
+    }
+    if let (true, Some(dir)) = (config.uses_trained_reward_model(index), &rm_dir) {
+        let mut logged = false;
+        while !dir.join("COMPLETE").exists() {
+            if stop.load(Ordering::Relaxed) {
+                return Err(ActorError::Invalid(
+                    "stopped while waiting for the reward model".into(),
+                ));
+            }
+            if !logged {
+                tracing::info!("waiting for the learner to train {}", dir.display());
+                logged = true;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    verifier_for(stage.kind, &stage.verifier, rm_dir.as_deref(), device)
 }
 
 /// The settings of the stage the actor works on.
@@ -446,12 +459,14 @@ fn wait_for_weights(
                 tracing::info!("the learner is past the last RL stage; nothing to do");
                 return Ok(None);
             }
-            Some((_, idx)) if !stages[idx as usize].is_rl() => {
-                if !logged {
-                    tracing::info!("waiting while the learner runs SFT stage {}", stages[idx as usize].name);
-                    logged = true;
-                }
+            Some((_, idx)) if !stages[idx as usize].is_rl() && !logged => {
+                tracing::info!(
+                    "waiting while the learner runs SFT stage {}",
+                    stages[idx as usize].name
+                );
+                logged = true;
             }
+            Some((_, idx)) if !stages[idx as usize].is_rl() => {}
             Some(_) => {
                 if let Some(w) = watch.poll(None)? {
                     let chat = Chat::from_dir(&w.dir)?;

@@ -1,34 +1,112 @@
-//! Training the run's `[reward_model]` from the policy's current weights (wired to
-//! [`crate::reward_train`]).
+//! Training the run's `[reward_model]` from the policy's current weights (with
+//! [`crate::reward_train`]), as the learner does before the first stage that needs it.
 
+use std::collections::HashMap;
 use std::path::Path;
 
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use cascade_shared::chat::Chat;
 use cascade_shared::config::{RewardModelTrainConfig, RunConfig};
 use cascade_shared::metrics::MetricsLog;
-use cascade_shared::model::ModelConfig;
+use cascade_shared::model::{trainable_from_tensors, ModelConfig};
+use serde_json::json;
 
-use crate::error::{LearnerError, Result};
+use crate::error::Result;
+use crate::reward_train::{train_reward_model, HeadInit, RmInputs, RmTrainConfig};
 
-/// Trains the reward model of `[reward_model]` starting from `weights` and saves it in `out`.
-#[allow(clippy::too_many_arguments)]
+/// What the run's reward-model training starts from.
+pub struct RunRmInputs<'a> {
+    /// The policy's architecture.
+    pub cfg: &'a ModelConfig,
+    /// The policy's current weights (copied: the policy is not touched).
+    pub weights: &'a [(String, Tensor)],
+    /// Directory with `tokenizer.json` (and `tokenizer_config.json`).
+    pub tokenizer_dir: &'a Path,
+    /// `tokenizer.json` bytes.
+    pub tokenizer_json: &'a [u8],
+    /// `tokenizer_config.json` bytes, if any.
+    pub tokenizer_config_json: Option<&'a [u8]>,
+}
+
+/// Trains the reward model of `[reward_model]` from `inputs` and saves it (atomically, with a
+/// `COMPLETE` marker) in `out`. Steps and the result go to `metrics` (`rm_step`, `rm_done`).
 pub fn train_for_run(
-    _cfg: &ModelConfig,
-    _weights: &[(String, Tensor)],
-    _chat: &Chat,
-    _tokenizer_json: &[u8],
-    _tokenizer_config_json: Option<&[u8]>,
-    _rm: &RewardModelTrainConfig,
-    _config: &RunConfig,
+    inputs: RunRmInputs<'_>,
+    rm: &RewardModelTrainConfig,
+    config: &RunConfig,
     out: &Path,
-    _micro_batch: usize,
-    _seed: u64,
-    _metrics: &MetricsLog,
-    _device: &Device,
+    micro_batch: usize,
+    seed: u64,
+    metrics: &MetricsLog,
 ) -> Result<()> {
-    Err(LearnerError::InvalidConfig(format!(
-        "reward-model training into {} is not wired yet",
-        out.display()
-    )))
+    let copies = inputs
+        .weights
+        .iter()
+        .map(|(k, t)| Ok((k.clone(), t.copy()?)))
+        .collect::<Result<HashMap<_, _>>>()?;
+    let (model, params) = trainable_from_tensors(inputs.cfg, copies)?;
+    let chat = Chat::from_dir(inputs.tokenizer_dir)?;
+    let cfg = RmTrainConfig {
+        steps: rm.steps,
+        batch_pairs: rm.batch_pairs,
+        micro_batch: micro_batch.max(1),
+        lr: rm.lr,
+        warmup_steps: rm.warmup_steps,
+        weight_decay: rm.weight_decay,
+        seed,
+        max_len: rm.max_len,
+        ..RmTrainConfig::default()
+    };
+    let steps = rm.steps;
+    let report = train_reward_model(
+        RmInputs {
+            model,
+            params,
+            head: HeadInit::Normal {
+                std: inputs.cfg.initializer_range,
+                seed,
+            },
+            chat,
+            tokenizer_json: inputs.tokenizer_json.to_vec(),
+            tokenizer_config_json: inputs.tokenizer_config_json.map(<[u8]>::to_vec),
+        },
+        &config.resolve(&rm.dataset),
+        rm.heldout.as_ref().map(|h| config.resolve(h)).as_deref(),
+        out,
+        &cfg,
+        |s| {
+            metrics.emit(
+                "rm_step",
+                json!({
+                    "step": s.step,
+                    "steps": steps,
+                    "loss": s.loss,
+                    "accuracy": s.accuracy,
+                    "margin": s.margin,
+                    "lr": s.lr,
+                    "grad_norm": s.grad_norm,
+                }),
+            );
+        },
+    )?;
+    tracing::info!(
+        "reward model trained: loss {:.4} → {:.4}, held-out accuracy {:?} → {:?}",
+        report.first_loss,
+        report.final_loss,
+        report.heldout_accuracy_before,
+        report.heldout_accuracy
+    );
+    metrics.emit(
+        "rm_done",
+        json!({
+            "heldout_accuracy": report.heldout_accuracy,
+            "heldout_accuracy_before": report.heldout_accuracy_before,
+            "pairs": report.train_pairs,
+            "heldout_pairs": report.heldout_pairs,
+            "first_loss": report.first_loss,
+            "final_loss": report.final_loss,
+            "dir": out.display().to_string(),
+        }),
+    );
+    Ok(())
 }

@@ -114,11 +114,7 @@ impl TokenizerFiles {
         let read = |p: PathBuf| std::fs::read(&p).map_err(|e| LearnerError::io(&p, e));
         let tokenizer_json = read(dir.join("tokenizer.json"))?;
         let cfg = dir.join(TOKENIZER_CONFIG_FILE);
-        let tokenizer_config_json = if cfg.exists() {
-            Some(read(cfg)?)
-        } else {
-            None
-        };
+        let tokenizer_config_json = if cfg.exists() { Some(read(cfg)?) } else { None };
         Ok(TokenizerFiles {
             tokenizer_json,
             tokenizer_config_json,
@@ -185,13 +181,15 @@ fn initial_policy(opts: &LearnerOptions) -> Result<(Policy, TokenizerFiles)> {
     if let Some(path) = &config.model.path {
         let dir = config.resolve(path);
         let (cfg, tensors) = cascade_shared::model::load_tensors(&dir, dtype, &opts.device)?;
-        return Ok((Policy::from_tensors(cfg, tensors)?, TokenizerFiles::from_dir(&dir)?));
+        return Ok((
+            Policy::from_tensors(cfg, tensors)?,
+            TokenizerFiles::from_dir(&dir)?,
+        ));
     }
-    let init = config
-        .model
-        .init
-        .as_ref()
-        .ok_or_else(|| LearnerError::InvalidConfig("[model] has neither path nor init".into()))?;
+    let init =
+        config.model.init.as_ref().ok_or_else(|| {
+            LearnerError::InvalidConfig("[model] has neither path nor init".into())
+        })?;
     let cfg = ModelConfig::from_file(&config.resolve(&init.config))?;
     let tok_dir = opts.run_dir.join("tokenizer");
     match &init.tokenizer {
@@ -339,8 +337,8 @@ impl<'a> Learner<'a> {
                     loaded.state.stage_index,
                     loaded.state.stage_step
                 );
-                let opt_file = (loaded.state.stage_step > 0)
-                    .then(|| info.dir.join(snapshot::OPTIMIZER_FILE));
+                let opt_file =
+                    (loaded.state.stage_step > 0).then(|| info.dir.join(snapshot::OPTIMIZER_FILE));
                 (policy, tokenizer, loaded.state, opt_file)
             }
             None => {
@@ -352,7 +350,8 @@ impl<'a> Learner<'a> {
                     stage_index: 0,
                     stage_step: 0,
                     rng: RngState::capture(&seeded(config.actor.seed ^ LEARNER_SALT)),
-                    replay_cursors: json!({}),
+                    replay_cursors: serde_json::to_value(Cursors::default())
+                        .expect("cursors serialise"),
                     curriculum: json!({}),
                     filter_metrics: Default::default(),
                     prompt_tracker: None,
@@ -405,10 +404,7 @@ impl<'a> Learner<'a> {
 
     fn stopping(&self) -> bool {
         self.stop.load(Ordering::Relaxed)
-            || self
-                .opts
-                .max_steps
-                .is_some_and(|m| self.steps_here >= m)
+            || self.opts.max_steps.is_some_and(|m| self.steps_here >= m)
     }
 
     /// Publishes the current state as snapshot `policy_version` (unless already published)
@@ -422,15 +418,13 @@ impl<'a> Learner<'a> {
         self.state.replay_cursors = serde_json::to_value(&self.consumed)
             .map_err(|e| LearnerError::InvalidConfig(format!("replay cursors: {e}")))?;
         let model = self.policy.named_tensors();
-        let config_json = serde_json::to_vec_pretty(&self.policy.cfg.to_hf_json(match self
-            .policy
-            .model
-            .dtype()
-        {
-            DType::BF16 => "bfloat16",
-            DType::F16 => "float16",
-            _ => "float32",
-        }))
+        let config_json = serde_json::to_vec_pretty(&self.policy.cfg.to_hf_json(
+            match self.policy.model.dtype() {
+                DType::BF16 => "bfloat16",
+                DType::F16 => "float16",
+                _ => "float32",
+            },
+        ))
         .map_err(|e| LearnerError::InvalidConfig(format!("config.json: {e}")))?;
         let extra: Vec<(&str, &[u8])> = self
             .tokenizer
@@ -545,19 +539,21 @@ impl<'a> Learner<'a> {
             .reward_model
             .as_ref()
             .ok_or_else(|| LearnerError::InvalidConfig("no [reward_model] section".into()))?;
+        let weights = self.policy.named_tensors();
         crate::reward_run::train_for_run(
-            &self.policy.cfg,
-            &self.policy.named_tensors(),
-            &self.chat,
-            &self.tokenizer.tokenizer_json,
-            self.tokenizer.tokenizer_config_json.as_deref(),
+            crate::reward_run::RunRmInputs {
+                cfg: &self.policy.cfg,
+                weights: &weights,
+                tokenizer_dir: &self.tokenizer.dir,
+                tokenizer_json: &self.tokenizer.tokenizer_json,
+                tokenizer_config_json: self.tokenizer.tokenizer_config_json.as_deref(),
+            },
             rm,
             &self.opts.config,
             &dir,
             self.opts.config.learner.micro_batch,
             self.opts.config.actor.seed,
             &self.metrics,
-            &self.opts.device,
         )
     }
 
@@ -571,7 +567,10 @@ impl<'a> Learner<'a> {
             self.steps_here += 1;
             let last = self.state.stage_step as usize >= stage.steps;
             if !last
-                && self.state.policy_version % self.opts.config.learner.publish_every as u64 == 0
+                && self
+                    .state
+                    .policy_version
+                    .is_multiple_of(self.opts.config.learner.publish_every as u64)
             {
                 self.publish(false)?;
             }
@@ -580,7 +579,12 @@ impl<'a> Learner<'a> {
     }
 
     /// Runs the SFT stage to its end; `false` if stopped first.
-    fn run_sft(&mut self, index: usize, stage: &StageConfig, mut schedule: SftSchedule) -> Result<bool> {
+    fn run_sft(
+        &mut self,
+        index: usize,
+        stage: &StageConfig,
+        mut schedule: SftSchedule,
+    ) -> Result<bool> {
         let schedule_lr = lr_schedule(stage);
         let micro = self.opts.config.learner.micro_batch;
         while (self.state.stage_step as usize) < stage.steps {
@@ -710,7 +714,9 @@ impl<'a> Learner<'a> {
                     return Ok(false);
                 };
                 // Decided from here on: the snapshot position moves past it.
-                self.consumed.actors.insert(rg.actor.clone(), rg.cursor_after);
+                self.consumed
+                    .actors
+                    .insert(rg.actor.clone(), rg.cursor_after);
                 if rg.group.stage_index as usize != index {
                     other_stage += 1;
                     continue;

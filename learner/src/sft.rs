@@ -92,7 +92,9 @@ pub fn load_sft(path: &Path, chat: &Chat, token_budget: usize) -> Result<SftData
         let mode = match value.get("mode") {
             None => Mode::Think,
             Some(Value::String(s)) => Mode::parse(s).ok_or_else(|| {
-                bad(format!("`mode` must be \"think\" or \"no_think\", got {s:?}"))
+                bad(format!(
+                    "`mode` must be \"think\" or \"no_think\", got {s:?}"
+                ))
             })?,
             Some(other) => return Err(bad(format!("`mode` must be a string, got {other}"))),
         };
@@ -153,22 +155,24 @@ pub fn pack(examples: &[SftExample], order: &[usize], budget: usize) -> Vec<Pack
     let mut ids: Vec<u32> = Vec::new();
     let mut segments: Vec<u32> = Vec::new();
     let mut trained: Vec<bool> = Vec::new();
-    let flush =
-        |ids: &mut Vec<u32>, segments: &mut Vec<u32>, trained: &mut Vec<bool>, rows: &mut Vec<_>| {
-            if ids.len() >= 2 {
-                let weights = (0..ids.len() - 1)
-                    .map(|i| segments[i] == segments[i + 1] && trained[i + 1])
-                    .collect();
-                rows.push(PackedRow {
-                    ids: std::mem::take(ids),
-                    segments: std::mem::take(segments),
-                    weights,
-                });
-            }
-            ids.clear();
-            segments.clear();
-            trained.clear();
-        };
+    let flush = |ids: &mut Vec<u32>,
+                 segments: &mut Vec<u32>,
+                 trained: &mut Vec<bool>,
+                 rows: &mut Vec<_>| {
+        if ids.len() >= 2 {
+            let weights = (0..ids.len() - 1)
+                .map(|i| segments[i] == segments[i + 1] && trained[i + 1])
+                .collect();
+            rows.push(PackedRow {
+                ids: std::mem::take(ids),
+                segments: std::mem::take(segments),
+                weights,
+            });
+        }
+        ids.clear();
+        segments.clear();
+        trained.clear();
+    };
     for &i in order {
         let ex = &examples[i];
         if !ids.is_empty() && ids.len() + ex.ids.len() > budget {
@@ -265,7 +269,9 @@ pub fn accumulate_sft_gradients(
     let trained: usize = rows.iter().map(PackedRow::trained_tokens).sum();
     let total: usize = rows.iter().map(|r| r.ids.len()).sum();
     if trained == 0 {
-        return Err(LearnerError::InvalidBatch("SFT step without trained tokens".into()));
+        return Err(LearnerError::InvalidBatch(
+            "SFT step without trained tokens".into(),
+        ));
     }
     let norm = trained as f64;
     let mut loss_sum = 0.0;
@@ -319,10 +325,7 @@ mod tests {
         assert_eq!(rows.len(), 2);
         assert_eq!(rows[0].segments, vec![1, 1, 1, 1, 2, 2, 2]);
         // Targets: positions 1..4 of conv 1 (trained from 2: targets 2, 3), then conv 2 (1, 2).
-        assert_eq!(
-            rows[0].weights,
-            vec![false, true, true, false, true, true]
-        );
+        assert_eq!(rows[0].weights, vec![false, true, true, false, true, true]);
         assert_eq!(rows[0].trained_tokens(), 4);
         assert_eq!(rows[1].ids.len(), 5);
     }

@@ -103,7 +103,10 @@ mod tests {
         let b = MetricsLog::open(&path, "actor-0").unwrap();
         for i in 0..50 {
             a.emit("learner_step", serde_json::json!({ "step": i }));
-            b.emit("actor", serde_json::json!({ "groups": i, "text": "x".repeat(1000) }));
+            b.emit(
+                "actor",
+                serde_json::json!({ "groups": i, "text": "x".repeat(1000) }),
+            );
         }
         let events = read_events(&path).unwrap();
         assert_eq!(events.len(), 100);

@@ -1,0 +1,243 @@
+//! Evaluation: generate `samples` responses per prompt of a held-out file and score them with
+//! the same verifiers as training. Used by `cascade eval` and by `cascade run`'s held-out table.
+//!
+//! The score of a prompt is the mean reward of its samples; the reported `mean_reward` is the
+//! mean over prompts. `pass@1` is the mean fraction of samples with full reward (≥ 1), and
+//! `pass@k` the unbiased estimator of Chen et al. (2021), `1 − C(n − c, k) / C(n, k)`, averaged
+//! over prompts. The mode of each prompt is fixed (`--mode`) or drawn per prompt with the stage's
+//! think/no-think mix, with a seed that is the same for every model evaluated, so rows of the
+//! held-out table differ only by the weights.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use cascade_rewards::{split_response, Verifier};
+use cascade_shared::chat::Chat;
+use cascade_shared::model::CausalLm;
+use cascade_shared::Mode;
+use rayon::prelude::*;
+use serde::Serialize;
+
+use crate::dataset::Dataset;
+use crate::engine::{Engine, GenParams, Job};
+use crate::error::{ActorError, Result};
+use crate::run::choose_mode;
+use crate::sampler::SamplingParams;
+
+/// Evaluation settings.
+#[derive(Debug, Clone)]
+pub struct EvalOptions {
+    /// Samples per prompt (k of pass@k).
+    pub samples: usize,
+    /// Sampling temperature (0 = greedy).
+    pub temperature: f32,
+    /// Nucleus threshold.
+    pub top_p: f32,
+    /// Max response tokens.
+    pub max_new_tokens: usize,
+    /// A fixed mode, or `None` to draw one per prompt with `mode_mix`.
+    pub mode: Option<Mode>,
+    /// Fraction of thinking prompts when `mode` is `None`.
+    pub mode_mix: f64,
+    /// Seed of the samplers and of the mode draw.
+    pub seed: u64,
+    /// Rows decoded together.
+    pub gen_batch: usize,
+    /// Use only the first N prompts (0 = all).
+    pub max_prompts: usize,
+}
+
+/// Scores of one mode.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ModeScores {
+    /// Prompts evaluated in this mode.
+    pub prompts: usize,
+    /// Mean over prompts of the mean reward of their samples.
+    pub mean_reward: f64,
+    /// Mean fraction of samples with reward ≥ 1.
+    pub pass_at_1: f64,
+    /// Unbiased pass@k with k = samples.
+    pub pass_at_k: f64,
+    /// Mean response length in tokens.
+    pub response_len: f64,
+}
+
+/// The result of an evaluation.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct EvalResult {
+    /// All prompts together.
+    pub all: ModeScores,
+    /// Per mode (`think`, `no_think`).
+    pub by_mode: BTreeMap<String, ModeScores>,
+    /// Samples per prompt.
+    pub samples: usize,
+    /// Verifier errors (malformed references), counted as reward 0.
+    pub verify_errors: usize,
+}
+
+/// `1 − C(n − c, k) / C(n, k)`: the probability that at least one of k samples drawn without
+/// replacement from n, c of them correct, is correct.
+pub fn pass_at_k(n: usize, c: usize, k: usize) -> f64 {
+    if k == 0 || n == 0 {
+        return 0.0;
+    }
+    if n - c < k {
+        return 1.0;
+    }
+    let mut fail = 1.0;
+    for i in (n - c + 1)..=n {
+        fail *= 1.0 - k as f64 / i as f64;
+    }
+    1.0 - fail
+}
+
+struct Outcome {
+    mode: Mode,
+    rewards: Vec<f32>,
+    lengths: Vec<usize>,
+}
+
+fn scores<'a>(outcomes: impl Iterator<Item = &'a Outcome>, k: usize) -> ModeScores {
+    let mut s = ModeScores::default();
+    let (mut len_sum, mut len_n) = (0.0, 0usize);
+    for o in outcomes {
+        let n = o.rewards.len().max(1);
+        let c = o.rewards.iter().filter(|&&r| r >= 1.0).count();
+        s.prompts += 1;
+        s.mean_reward += o.rewards.iter().map(|&r| f64::from(r)).sum::<f64>() / n as f64;
+        s.pass_at_1 += c as f64 / n as f64;
+        s.pass_at_k += pass_at_k(o.rewards.len(), c, k.min(o.rewards.len()));
+        len_sum += o.lengths.iter().sum::<usize>() as f64;
+        len_n += o.lengths.len();
+    }
+    if s.prompts > 0 {
+        let p = s.prompts as f64;
+        s.mean_reward /= p;
+        s.pass_at_1 /= p;
+        s.pass_at_k /= p;
+    }
+    s.response_len = len_sum / len_n.max(1) as f64;
+    s
+}
+
+/// Evaluates `model` on `dataset` with `verifier`.
+pub fn evaluate(
+    model: CausalLm,
+    chat: &Chat,
+    dataset: &Dataset,
+    verifier: Arc<dyn Verifier>,
+    opts: &EvalOptions,
+) -> Result<EvalResult> {
+    if opts.samples == 0 {
+        return Err(ActorError::Invalid("eval: samples must be ≥ 1".into()));
+    }
+    let stop_ids = chat.tokenizer().special().stop_ids();
+    let mut engine = Engine::new(model, 0, opts.gen_batch.max(1), stop_ids)?;
+    let sampling = SamplingParams {
+        temperature: opts.temperature,
+        top_k: None,
+        top_p: Some(opts.top_p),
+    };
+    sampling.validate()?;
+    let take = if opts.max_prompts == 0 {
+        dataset.prompts.len()
+    } else {
+        opts.max_prompts.min(dataset.prompts.len())
+    };
+    let prompts = &dataset.prompts[..take];
+    let mut modes = Vec::with_capacity(take);
+    for (tag, rec) in prompts.iter().enumerate() {
+        let mode = opts
+            .mode
+            .unwrap_or_else(|| choose_mode(opts.seed, rec.id, 0, opts.mode_mix));
+        modes.push(mode);
+        let job = Job {
+            tag: tag as u64,
+            prompt_id: rec.id,
+            prompt_ids: chat.encode_chat(&rec.messages, true, mode)?,
+            mode,
+            group_size: opts.samples,
+            params: GenParams {
+                sampling,
+                max_new_tokens: opts.max_new_tokens,
+                seed: opts.seed,
+            },
+        };
+        engine.submit(job)?;
+    }
+    let finished = engine.run_to_completion()?;
+    let skipped = engine.take_skipped();
+    if !skipped.is_empty() {
+        tracing::warn!(
+            "eval: {} prompts too long for the context skipped",
+            skipped.len()
+        );
+    }
+    // Verify in parallel (the code sandbox takes a while per sample).
+    let scored: Vec<(usize, f32, usize, bool)> = finished
+        .par_iter()
+        .map(|f| {
+            let text = chat
+                .tokenizer()
+                .decode(&f.response_ids, true)
+                .unwrap_or_default();
+            let (reward, err) = match verifier.verify(
+                &prompts[f.job.tag as usize].reference,
+                &split_response(&text),
+            ) {
+                Ok(r) if r.reward.is_finite() => (r.reward, false),
+                Ok(_) => (0.0, true),
+                Err(e) => {
+                    tracing::warn!("eval: prompt {}: {e}", f.job.prompt_id);
+                    (0.0, true)
+                }
+            };
+            (f.job.tag as usize, reward, f.response_ids.len(), err)
+        })
+        .collect();
+    let mut outcomes: Vec<Outcome> = modes
+        .iter()
+        .map(|&mode| Outcome {
+            mode,
+            rewards: Vec::new(),
+            lengths: Vec::new(),
+        })
+        .collect();
+    let mut verify_errors = 0;
+    for (tag, reward, len, err) in scored {
+        outcomes[tag].rewards.push(reward);
+        outcomes[tag].lengths.push(len);
+        verify_errors += usize::from(err);
+    }
+    outcomes.retain(|o| !o.rewards.is_empty());
+    let mut by_mode = BTreeMap::new();
+    for mode in [Mode::Think, Mode::NoThink] {
+        if outcomes.iter().any(|o| o.mode == mode) {
+            by_mode.insert(
+                mode.as_str().to_string(),
+                scores(outcomes.iter().filter(|o| o.mode == mode), opts.samples),
+            );
+        }
+    }
+    Ok(EvalResult {
+        all: scores(outcomes.iter(), opts.samples),
+        by_mode,
+        samples: opts.samples,
+        verify_errors,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pass_at_k_matches_the_closed_form() {
+        assert_eq!(pass_at_k(4, 0, 1), 0.0);
+        assert_eq!(pass_at_k(4, 4, 1), 1.0);
+        assert!((pass_at_k(4, 1, 1) - 0.25).abs() < 1e-12);
+        // 1 − C(2,2)/C(4,2) = 1 − 1/6.
+        assert!((pass_at_k(4, 2, 2) - (1.0 - 1.0 / 6.0)).abs() < 1e-12);
+        assert_eq!(pass_at_k(4, 3, 2), 1.0);
+    }
+}
