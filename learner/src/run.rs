@@ -30,6 +30,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device, Tensor};
+use cascade_replay::ReplayError;
 use cascade_replay::{Cursors, ReaderOptions};
 use cascade_shared::chat::Chat;
 use cascade_shared::config::{DtypeChoice, LossAgg, RunConfig, Schedule, StageConfig};
@@ -37,7 +38,7 @@ use cascade_shared::metrics::{MetricsLog, METRICS_FILE};
 use cascade_shared::model::{
     compute_dtype, random_weights, trainable_from_tensors, CausalLm, ModelConfig, Params,
 };
-use cascade_shared::transport::{ReceivedGroup, ReplaySource, RolloutSource};
+use cascade_shared::transport::{ReceivedGroup, ReplaySource, RolloutSource, TransportError};
 use cascade_shared::{Mode, RolloutGroup};
 use serde_json::json;
 
@@ -233,6 +234,9 @@ struct Learner<'a> {
     queue: VecDeque<ReceivedGroup>,
     /// Replay position covering every decided group.
     consumed: Cursors,
+    /// The decided position last reported as progress (backpressure follows it; retention
+    /// follows only the snapshots' positions, committed at publish).
+    progressed: Cursors,
     /// Version of the newest published snapshot.
     published: Option<u64>,
     steps_here: u64,
@@ -390,6 +394,7 @@ impl<'a> Learner<'a> {
             optimizer,
             source,
             queue: VecDeque::new(),
+            progressed: consumed.clone(),
             consumed,
             steps_here: 0,
             idle_s: 0.0,
@@ -447,6 +452,7 @@ impl<'a> Learner<'a> {
         )?;
         self.published = Some(version);
         self.source.commit_at(&self.consumed)?;
+        self.progressed = self.consumed.clone();
         let deleted = snapshot::retain(&self.snapshots, self.opts.config.learner.keep_snapshots)?;
         self.metrics.emit(
             "snapshot",
@@ -642,13 +648,45 @@ impl<'a> Learner<'a> {
             if self.stopping() {
                 return Ok(None);
             }
+            // About to wait: let the actors past what is decided (dropped groups and the
+            // partial batch), or a batch that needs more groups than `max_inflight` would
+            // never fill.
+            if self.consumed != self.progressed {
+                self.source.report_progress(&self.consumed)?;
+                self.progressed = self.consumed.clone();
+            }
             let t0 = Instant::now();
             let got = match self.source.recv(Duration::from_millis(200)) {
                 Ok(g) => g,
-                Err(e @ cascade_shared::transport::TransportError::Decode { .. }) => {
+                Err(e @ TransportError::Decode { .. }) => {
                     tracing::warn!("replay record skipped: {e}");
                     self.metrics
                         .emit("replay_error", json!({ "error": e.to_string() }));
+                    Vec::new()
+                }
+                Err(TransportError::Replay(ReplayError::CursorLost {
+                    actor,
+                    next_seq,
+                    oldest_seq,
+                    ..
+                })) => {
+                    // Retention deletes only what a snapshot's position covers, so this means
+                    // another consumer or an operator removed segments: read on from the oldest
+                    // record still on disk (and say so).
+                    tracing::warn!(
+                        "{actor}: records {next_seq}..{oldest_seq} were dropped before the                          restart and deleted since; continuing at {oldest_seq}"
+                    );
+                    self.metrics.emit(
+                        "replay_skip",
+                        json!({ "actor": actor, "from_seq": next_seq, "to_seq": oldest_seq }),
+                    );
+                    self.consumed.actors.remove(&actor);
+                    self.queue.clear();
+                    self.source = ReplaySource::open(
+                        self.opts.run_dir.join("replay"),
+                        ReaderOptions::default(),
+                        Some(self.consumed.clone()),
+                    )?;
                     Vec::new()
                 }
                 Err(e) => return Err(e.into()),
@@ -703,6 +741,7 @@ impl<'a> Learner<'a> {
             let mut idle = 0.0;
             let version = self.state.policy_version;
             let mut kept: Vec<RolloutGroup> = Vec::new();
+            let mut kept_ids: Vec<(String, u64)> = Vec::new();
             let mut seen: Vec<RolloutGroup> = Vec::new();
             let mut other_stage = 0u64;
             let before = filter.metrics().clone();
@@ -717,24 +756,23 @@ impl<'a> Learner<'a> {
                 self.consumed
                     .actors
                     .insert(rg.actor.clone(), rg.cursor_after);
-                if rg.group.stage_index as usize != index {
-                    other_stage += 1;
-                    continue;
-                }
-                match filter.admit(&rg.group, version) {
-                    Ok(()) => {
-                        let rewards: Vec<f32> = rg.group.samples.iter().map(|s| s.reward).collect();
+                let verdict = (rg.group.stage_index as usize == index)
+                    .then(|| filter.admit(&rg.group, version));
+                let rewards: Vec<f32> = rg.group.samples.iter().map(|s| s.reward).collect();
+                match verdict {
+                    None => other_stage += 1,
+                    Some(Ok(())) => {
+                        kept_ids.push((rg.actor.clone(), rg.seq));
                         tracker.record(rg.group.prompt_id, &rewards);
                         seen.push(rg.group.clone());
                         kept.push(rg.group);
                     }
-                    Err(DropReason::EqualRewards) => {
-                        let rewards: Vec<f32> = rg.group.samples.iter().map(|s| s.reward).collect();
+                    Some(Err(DropReason::EqualRewards)) => {
                         tracker.record(rg.group.prompt_id, &rewards);
                         seen.push(rg.group);
                     }
-                    Err(DropReason::Stale { .. }) => seen.push(rg.group),
-                    Err(DropReason::BadInput(_)) => {}
+                    Some(Err(DropReason::Stale { .. })) => seen.push(rg.group),
+                    Some(Err(DropReason::BadInput(_))) => {}
                 }
             }
             let batch = GrpoBatch::from_groups(&kept, &grpo)?;
@@ -786,7 +824,7 @@ impl<'a> Learner<'a> {
                     "by_mode": by_mode(&seen),
                     "policy_lag": lags,
                     "groups_kept": kept.len(),
-                    "groups": kept.iter().map(|g| json!([g.actor_id, g.prompt_id])).collect::<Vec<_>>(),
+                    "rollouts": kept_ids,
                     "dropped": {
                         "stale": after.stale - before.stale,
                         "equal_rewards": after.equal_rewards - before.equal_rewards,

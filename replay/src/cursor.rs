@@ -76,9 +76,82 @@ pub fn read_min_consumed(actor_dir: &Path) -> Result<Option<u64>> {
     Ok(min)
 }
 
+/// Extension of a consumer's progress file (`consumed/<consumer>.progress`).
+pub const PROGRESS_EXT: &str = "progress";
+
+/// Atomically replaces `consumer`'s *progress* in `actor_dir`: how far it has read and decided,
+/// possibly past what it may lose in a crash (its consumed position). Backpressure follows
+/// progress; retention follows the consumed position only, so a consumer that buffers records
+/// it has not made durable yet (the learner between snapshots) neither blocks the writers nor
+/// lets retention delete what it would re-read after a crash.
+pub fn write_progress(actor_dir: &Path, consumer: &str, cursor: &Cursor) -> Result<()> {
+    let dir = actor_dir.join(CONSUMED_DIR);
+    std::fs::create_dir_all(&dir).at(&dir)?;
+    let json = serde_json::to_vec(cursor).expect("a cursor serialises");
+    write_atomically(&dir.join(format!("{consumer}.{PROGRESS_EXT}")), &json)
+}
+
+/// The position backpressure waits for: over all consumers (those with a consumed file), the
+/// smallest of `max(consumed, progress)`. `None` when no consumer has published yet.
+pub fn read_min_progress(actor_dir: &Path) -> Result<Option<u64>> {
+    let dir = actor_dir.join(CONSUMED_DIR);
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).at(&dir),
+    };
+    let read = |path: &Path| -> Result<Option<u64>> {
+        match std::fs::read(path) {
+            Ok(bytes) => serde_json::from_slice::<Cursor>(&bytes)
+                .map(|c| Some(c.next_seq))
+                .map_err(|e| ReplayError::ConsumedFile {
+                    path: path.to_path_buf(),
+                    reason: e.to_string(),
+                }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e).at(path),
+        }
+    };
+    let mut min: Option<u64> = None;
+    for entry in entries {
+        let path = entry.at(&dir)?.path();
+        if path.extension().and_then(|e| e.to_str()) != Some("json") {
+            continue;
+        }
+        let Some(consumed) = read(&path)? else {
+            continue;
+        };
+        let progress = read(&path.with_extension(PROGRESS_EXT))?.unwrap_or(0);
+        let pos = consumed.max(progress);
+        min = Some(min.map_or(pos, |m| m.min(pos)));
+    }
+    Ok(min)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn progress_moves_backpressure_but_not_retention() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = |n| Cursor {
+            segment: 0,
+            offset: 64,
+            next_seq: n,
+        };
+        write_consumed(dir.path(), "learner", &at(5)).unwrap();
+        assert_eq!(read_min_progress(dir.path()).unwrap(), Some(5));
+        write_progress(dir.path(), "learner", &at(9)).unwrap();
+        assert_eq!(read_min_consumed(dir.path()).unwrap(), Some(5));
+        assert_eq!(read_min_progress(dir.path()).unwrap(), Some(9));
+        // A newer consumed position wins over an older progress.
+        write_consumed(dir.path(), "learner", &at(12)).unwrap();
+        assert_eq!(read_min_progress(dir.path()).unwrap(), Some(12));
+        // The slowest consumer decides.
+        write_consumed(dir.path(), "eval", &at(7)).unwrap();
+        assert_eq!(read_min_progress(dir.path()).unwrap(), Some(7));
+    }
 
     #[test]
     fn consumed_is_the_minimum_over_consumers() {

@@ -20,7 +20,10 @@ mod reader;
 mod segment;
 mod writer;
 
-pub use cursor::{read_min_consumed, write_consumed, Cursor, Cursors, CONSUMED_DIR};
+pub use cursor::{
+    read_min_consumed, read_min_progress, write_consumed, write_progress, Cursor, Cursors,
+    CONSUMED_DIR,
+};
 pub use doorbell::DOORBELL_FILE;
 pub use error::{ReplayError, Result};
 pub use header::RecordMeta;

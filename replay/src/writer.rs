@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::cursor::read_min_consumed;
+use crate::cursor::{read_min_consumed, read_min_progress};
 use crate::doorbell::Doorbell;
 use crate::error::{IoContext, ReplayError, Result};
 use crate::header::{
@@ -98,8 +98,10 @@ pub struct ReplayWriter {
     segments: VecDeque<(u64, u64)>,
     /// Sealed segments not msynced yet.
     unsynced: Vec<(Mapping, u64)>,
-    /// Last consumed position read from disk.
+    /// Last consumed position read from disk (retention follows it).
     consumed: u64,
+    /// Last progress position read from disk (backpressure follows it).
+    progress: u64,
     doorbell: Option<Doorbell>,
 }
 
@@ -170,6 +172,7 @@ impl ReplayWriter {
                 segments,
                 unsynced: Vec::new(),
                 consumed: 0,
+                progress: 0,
                 doorbell,
             });
         };
@@ -203,6 +206,7 @@ impl ReplayWriter {
             segments,
             unsynced: Vec::new(),
             consumed: 0,
+            progress: 0,
             doorbell,
         };
         if scan.sealed {
@@ -234,7 +238,7 @@ impl ReplayWriter {
         }
         if let Some(limit) = self.opts.max_inflight {
             self.wait_until(
-                |w| w.next_seq < w.consumed + limit,
+                |w| w.next_seq < w.progress + limit,
                 || format!("max_inflight = {limit}"),
             )?;
         }
@@ -307,6 +311,9 @@ impl ReplayWriter {
     /// (never the active one).
     fn refresh_consumed(&mut self) -> Result<()> {
         self.consumed = read_min_consumed(&self.dir)?.unwrap_or(0);
+        self.progress = read_min_progress(&self.dir)?
+            .unwrap_or(0)
+            .max(self.consumed);
         while self.segments.len() > 1 {
             let (index, _) = self.segments[0];
             let (_, next_first) = self.segments[1];

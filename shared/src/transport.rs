@@ -78,6 +78,12 @@ pub trait RolloutSource {
     /// the position of what its last snapshot covers, so that retention never deletes a
     /// record a resumed learner still needs.
     fn commit_at(&mut self, position: &Self::Position) -> Result<(), TransportError>;
+    /// Tells the producers how far the consumer has read and decided, beyond what it has
+    /// committed (backpressure follows this; retention follows only commits). The default
+    /// does nothing.
+    fn report_progress(&mut self, _position: &Self::Position) -> Result<(), TransportError> {
+        Ok(())
+    }
 }
 
 /// [`RolloutSink`] over one actor directory of the replay log.
@@ -197,6 +203,17 @@ impl RolloutSource for ReplaySource {
         // Publish only what was returned, not what is still pending.
         let position = self.position.clone();
         self.commit_at(&position)
+    }
+
+    fn report_progress(&mut self, position: &Cursors) -> Result<(), TransportError> {
+        for (actor, cursor) in &position.actors {
+            cascade_replay::write_progress(
+                &self.reader.root().join(actor),
+                &self.consumer,
+                cursor,
+            )?;
+        }
+        Ok(())
     }
 
     fn commit_at(&mut self, position: &Cursors) -> Result<(), TransportError> {

@@ -1,0 +1,381 @@
+//! End to end: `cascade run` through the real binary on CPU — a short cascade with every stage,
+//! chaos (SIGKILLed actors and learner, then `--resume`), and bad configs.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+fn cascade() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_cascade"))
+}
+
+const MODEL: &str = r#"{
+  "model_type": "qwen3", "vocab_size": 288, "hidden_size": 32, "intermediate_size": 64,
+  "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
+  "max_position_embeddings": 512, "rope_theta": 10000.0, "rms_norm_eps": 1e-6,
+  "tie_word_embeddings": true, "initializer_range": 0.02
+}"#;
+
+/// A short cascade: every stage, a few steps each.
+fn config(rl_steps: usize, max_staleness: u64) -> String {
+    let mut s = format!(
+        r#"
+[model]
+init = {{ config = "model.json", seed = 1 }}
+[actor]
+gen_batch = 4
+max_new_tokens = 24
+threads = 1
+reward_workers = 1
+[learner]
+micro_batch = 8
+publish_every = 1
+max_staleness = {max_staleness}
+threads = 1
+keep_snapshots = 2
+[replay]
+segment_bytes = 65536
+max_segments = 4
+max_inflight = 8
+[reward_model]
+dataset = "data/prefs.jsonl"
+heldout = "data/prefs-heldout.jsonl"
+steps = 3
+lr = 1e-3
+batch_pairs = 8
+max_len = 256
+[eval]
+samples = 1
+max_prompts = 3
+[[stages]]
+name = "sft"
+kind = "sft"
+dataset = "data/sft.jsonl"
+steps = 3
+lr = 3e-3
+batch_prompts = 2
+token_budget = 256
+"#
+    );
+    for kind in ["rlhf", "if", "math", "code", "swe"] {
+        s.push_str(&format!(
+            r#"
+[[stages]]
+name = "{kind}"
+kind = "{kind}"
+dataset = "data/{kind}.jsonl"
+heldout = "data/{kind}-heldout.jsonl"
+steps = {rl_steps}
+lr = 1e-3
+batch_prompts = 2
+group_size = 2
+max_response_tokens = 16
+"#
+        ));
+    }
+    s
+}
+
+/// Writes the model config, the data and the run config into `dir`; returns the config path.
+fn inputs(dir: &Path, rl_steps: usize, max_staleness: u64) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("model.json"), MODEL).unwrap();
+    let out = cascade()
+        .args(["data", "tiny", "--out"])
+        .arg(dir.join("data"))
+        .args([
+            "--sft",
+            "100",
+            "--prefs",
+            "40",
+            "--rl",
+            "24",
+            "--heldout",
+            "4",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let path = dir.join("run.toml");
+    std::fs::write(&path, config(rl_steps, max_staleness)).unwrap();
+    path
+}
+
+fn events(run_dir: &Path) -> Vec<Value> {
+    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+fn show(out: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Every published snapshot passes its checksums and loads.
+fn check_snapshots(run_dir: &Path) -> usize {
+    let dir = run_dir.join("snapshots");
+    let mut n = 0;
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_str().unwrap().to_string();
+        if !name.starts_with('v') || name.contains('.') {
+            continue;
+        }
+        cascade_learner::snapshot::load_snapshot(&p)
+            .unwrap_or_else(|e| panic!("snapshot {name} is corrupt: {e}"));
+        cascade_learner::snapshot::load_model(&p, &candle_core::Device::Cpu)
+            .unwrap_or_else(|e| panic!("snapshot {name} does not load: {e}"));
+        n += 1;
+    }
+    let leftovers: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .filter(|n| n.starts_with('v') && n.ends_with(".tmp"))
+        .collect();
+    assert!(
+        leftovers.is_empty(),
+        "temporary snapshots left: {leftovers:?}"
+    );
+    n
+}
+
+/// The rollouts (actor, seq) of each optimizer step; a step redone after a learner crash
+/// (its first attempt was never published) counts once, with its last attempt.
+fn rollouts_by_step(run_dir: &Path) -> BTreeMap<u64, Vec<(String, u64)>> {
+    let mut steps = BTreeMap::new();
+    for e in events(run_dir) {
+        if e["event"] != "learner_step" || e["skipped"] == true {
+            continue;
+        }
+        let ids: Vec<(String, u64)> = e["rollouts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| (r[0].as_str().unwrap().to_string(), r[1].as_u64().unwrap()))
+            .collect();
+        steps.insert(e["step"].as_u64().unwrap(), ids);
+    }
+    steps
+}
+
+fn assert_no_rollout_used_twice(run_dir: &Path) {
+    let mut seen = BTreeSet::new();
+    for (step, ids) in rollouts_by_step(run_dir) {
+        for id in ids {
+            assert!(
+                seen.insert(id.clone()),
+                "rollout {id:?} trained twice (step {step})"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_short_cascade_runs_every_stage_and_writes_snapshots_metrics_and_report() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = inputs(tmp.path(), 2, 1);
+    let run_dir = tmp.path().join("run");
+    let out = cascade()
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .arg("--run-dir")
+        .arg(&run_dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", show(&out));
+    let ev = events(&run_dir);
+    let stage_ends: Vec<&str> = ev
+        .iter()
+        .filter(|e| e["event"] == "stage_end")
+        .map(|e| e["stage"].as_str().unwrap())
+        .collect();
+    assert_eq!(stage_ends, ["sft", "rlhf", "if", "math", "code", "swe"]);
+    assert!(ev.iter().any(|e| e["event"] == "rm_done"));
+    assert!(ev
+        .iter()
+        .any(|e| e["event"] == "run_end" && e["status"] == "completed"));
+    // Every RL step trained on groups of its own stage, produced by the actor.
+    let rl_steps = ev.iter().filter(|e| e["event"] == "learner_step").count();
+    assert_eq!(rl_steps, 10);
+    assert!(
+        check_snapshots(&run_dir) >= 6,
+        "stage-final snapshots are kept"
+    );
+    assert_no_rollout_used_twice(&run_dir);
+    let heldout: Value =
+        serde_json::from_slice(&std::fs::read(run_dir.join("heldout.json")).unwrap()).unwrap();
+    assert_eq!(
+        heldout["domains"],
+        serde_json::json!(["rlhf", "if", "math", "code", "swe"])
+    );
+    let rows: Vec<&str> = heldout["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["after_stage"].as_str().unwrap())
+        .collect();
+    assert_eq!(rows, ["sft", "rlhf", "if", "math", "code", "swe"]);
+    assert!(run_dir.join("report").join("index.html").exists());
+    assert!(run_dir.join("logs").join("learner.log").exists());
+    assert!(run_dir.join("logs").join("actor-0.log").exists());
+    // The last snapshot loads in `cascade eval`.
+    let latest = std::fs::read_to_string(run_dir.join("snapshots/LATEST")).unwrap();
+    let snap = run_dir
+        .join("snapshots")
+        .join(format!("v{:06}", latest.trim().parse::<u64>().unwrap()));
+    let out = cascade()
+        .args(["eval", "--model"])
+        .arg(&snap)
+        .arg("--data")
+        .arg(tmp.path().join("data/math-heldout.jsonl"))
+        .args(["--samples", "2", "--max-new-tokens", "8", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", show(&out));
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["all"]["prompts"], 4);
+    assert_eq!(r["samples"], 2);
+}
+
+fn pid_of(run_dir: &Path, name: &str) -> Option<i32> {
+    events(run_dir)
+        .iter()
+        .rev()
+        .find(|e| e["event"] == "process" && e["what"] == "start" && e["name"] == name)
+        .and_then(|e| e["pid"].as_i64())
+        .map(|p| p as i32)
+}
+
+fn kill(pid: i32) {
+    // SAFETY: kill(2) on a pid this test's child started.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+    }
+}
+
+fn rl_steps_done(run_dir: &Path) -> usize {
+    events(run_dir)
+        .iter()
+        .filter(|e| e["event"] == "learner_step")
+        .count()
+}
+
+#[test]
+fn chaos_killed_actors_restart_a_killed_learner_resumes_and_nothing_is_lost_or_reused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = inputs(tmp.path(), 6, 1);
+    let run_dir = tmp.path().join("run");
+    let mut child = cascade()
+        .args(["run", "--no-eval", "--actors", "2", "--config"])
+        .arg(&cfg)
+        .arg("--run-dir")
+        .arg(&run_dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(600);
+    // Wait for RL to start, then kill a random actor 5 times, a second or so apart.
+    while rl_steps_done(&run_dir) < 2 {
+        assert!(Instant::now() < deadline, "RL never started");
+        assert!(child.try_wait().unwrap().is_none(), "run ended early");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    for _ in 0..5 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let name = format!("actor-{}", seed % 2);
+        let before = rl_steps_done(&run_dir);
+        let pid = pid_of(&run_dir, &name).expect("actor pid in metrics");
+        kill(pid);
+        // Wait until the supervisor restarted it and training moved on.
+        while pid_of(&run_dir, &name) == Some(pid) || rl_steps_done(&run_dir) <= before {
+            assert!(
+                Instant::now() < deadline,
+                "no progress after killing {name}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    // Kill the learner: the run stops and says how to resume.
+    let before = rl_steps_done(&run_dir);
+    while rl_steps_done(&run_dir) < before + 2 {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    kill(pid_of(&run_dir, "learner").unwrap());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("cascade run --resume"), "{stderr}");
+    // Resume to the end.
+    let out = cascade()
+        .args(["run", "--no-eval", "--resume"])
+        .arg(&run_dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", show(&out));
+    let ev = events(&run_dir);
+    let restarts = ev
+        .iter()
+        .filter(|e| e["event"] == "process" && e["what"] == "restart")
+        .count();
+    assert!(restarts >= 5, "{restarts} restarts in metrics");
+    assert!(ev
+        .iter()
+        .any(|e| e["event"] == "run_end" && e["status"] == "completed"));
+    let steps = rollouts_by_step(&run_dir);
+    assert_eq!(steps.len(), 5 * 6, "every RL step of every stage ran once");
+    assert_no_rollout_used_twice(&run_dir);
+    check_snapshots(&run_dir);
+}
+
+fn bad(config: &str, extra: &[&str], expect: &str) {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = inputs(tmp.path(), 1, 1);
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(&cfg, format!("{text}\n{config}")).unwrap();
+    let run_dir = tmp.path().join("run");
+    let out = cascade()
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .arg("--run-dir")
+        .arg(&run_dir)
+        .args(extra)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.contains(expect), "expected {expect:?} in {stderr}");
+    assert!(!run_dir.exists(), "nothing created");
+}
+
+#[test]
+fn bad_configs_fail_with_one_line_and_exit_code_2_creating_nothing() {
+    bad("[bogus]\nx = 1", &[], "bogus");
+    bad("", &["--set", "stages.0.steps=\"many\""], "stages[0].steps");
+    bad("", &["--set", "stages=[]"], "stages");
+    bad(
+        "",
+        &["--set", "stages.math.dataset=\"nope.jsonl\""],
+        "nope.jsonl",
+    );
+    bad("", &["--learner-device", "cuda:3"], "cuda:3");
+    bad("", &["--actor-devices", "tpu:0"], "tpu:0");
+}
