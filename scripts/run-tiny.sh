@@ -1,19 +1,12 @@
 #!/usr/bin/env bash
-# The main job on the embedded tiny default, on CPU. Until `cascade run` (the orchestrator) lands
-# this runs what exists end to end: a seeded tiny Qwen3 checkpoint with the project's own byte
-# tokenizer, a chat-template generation in both modes, and per-token log-probs.
+# The main job: the whole cascade on the embedded tiny default, on CPU — two SFT stages, a
+# reward model, then RL stage after stage (rlhf → if → math → code → swe) with one learner and
+# one actor process, the held-out table at the end, and the report.
+#   scripts/run-tiny.sh [RUN_DIR] [extra `cascade run` flags...]
+# A stopped or crashed run continues with: target/release/cascade run --resume RUN_DIR
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RUN_DIR=${1:-runs/tiny}
+RUN_DIR=${1:-runs/tiny-$(date +%Y%m%d-%H%M%S)}
+shift || true
 cargo build --release --bin cascade
-BIN=target/release/cascade
-if [ ! -f "$RUN_DIR/model/model.safetensors" ]; then
-  $BIN init-model --config configs/tiny-model.json --seed 0 --out "$RUN_DIR/model"
-fi
-for mode in think no_think; do
-  echo "--- generate ($mode)"
-  $BIN inspect generate --model "$RUN_DIR/model" --prompt "What is 2 + 3?" --mode $mode \
-    --max-new-tokens 24 --temperature 1.0 --top-p 0.95 --seed 7 --json
-done
-echo "--- logprobs"
-$BIN inspect logprobs --model "$RUN_DIR/model" --text "The answer is \\boxed{5}."
+exec target/release/cascade run --run-dir "$RUN_DIR" "$@"

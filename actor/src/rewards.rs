@@ -190,7 +190,21 @@ fn score(task: &ScoreTask, detok: &Detokenize) -> Sample {
                 ],
             )
         }
-        Ok(text) => match verifier.verify(&task.ctx.reference, &split_response(&text)) {
+        Ok(text) => match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            verifier.verify(&task.ctx.reference, &split_response(&text))
+        }))
+        .unwrap_or_else(|panic| {
+            // Model output is hostile: a verifier bug it triggers costs this sample its
+            // reward, never the actor.
+            let what = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            Err(cascade_rewards::VerifyError::Environment(format!(
+                "verifier panicked: {what}"
+            )))
+        }) {
             Ok(r) => (r.reward, breakdown(verifier.name(), r.reward, &r.details)),
             Err(e) => {
                 tracing::warn!(

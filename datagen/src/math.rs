@@ -28,16 +28,16 @@ fn sample_any(rng: &mut ChaCha8Rng) -> Task {
     let op = rng.random_range(0..3);
     let (a, b, c, sym) = match op {
         0 => {
-            let (a, b) = (rng.random_range(1..=20), rng.random_range(1..=20));
+            let (a, b) = (rng.random_range(1..=9), rng.random_range(1..=9));
             (a, b, a + b, '+')
         }
         1 => {
-            let a = rng.random_range(2..=20);
+            let a = rng.random_range(2..=12);
             let b = rng.random_range(1..a);
             (a, b, a - b, '-')
         }
         _ => {
-            let (a, b) = (rng.random_range(2..=9), rng.random_range(2..=9));
+            let (a, b) = (rng.random_range(2..=5), rng.random_range(2..=5));
             (a, b, a * b, '*')
         }
     };

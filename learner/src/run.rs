@@ -736,6 +736,7 @@ impl<'a> Learner<'a> {
         } else {
             None
         };
+        let mut equal_in_a_row = 0u64;
         while (self.state.stage_step as usize) < stage.steps {
             let t0 = Instant::now();
             let mut idle = 0.0;
@@ -762,6 +763,7 @@ impl<'a> Learner<'a> {
                 match verdict {
                     None => other_stage += 1,
                     Some(Ok(())) => {
+                        equal_in_a_row = 0;
                         kept_ids.push((rg.actor.clone(), rg.seq));
                         tracker.record(rg.group.prompt_id, &rewards);
                         seen.push(rg.group.clone());
@@ -770,6 +772,19 @@ impl<'a> Learner<'a> {
                     Some(Err(DropReason::EqualRewards)) => {
                         tracker.record(rg.group.prompt_id, &rewards);
                         seen.push(rg.group);
+                        equal_in_a_row += 1;
+                        if equal_in_a_row == 20 * stage.batch_prompts as u64 {
+                            tracing::warn!(
+                                "stage {}: the last {equal_in_a_row} groups all had equal rewards \
+                                 (every sample right, or every sample wrong): nothing to learn \
+                                 from; is the task too hard or too easy for this model?",
+                                stage.name
+                            );
+                            self.metrics.emit(
+                                "warning",
+                                json!({ "stage": stage.name, "equal_reward_groups_in_a_row": equal_in_a_row }),
+                            );
+                        }
                     }
                     Some(Err(DropReason::Stale { .. })) => seen.push(rg.group),
                     Some(Err(DropReason::BadInput(_))) => {}

@@ -273,6 +273,7 @@ struct Progress {
     last_plain: Instant,
     tty: bool,
     last_line: String,
+    printed: String,
 }
 
 impl Progress {
@@ -301,6 +302,7 @@ impl Progress {
             last_plain: Instant::now(),
             tty,
             last_line: String::new(),
+            printed: String::new(),
         }
     }
 
@@ -405,7 +407,10 @@ impl Progress {
                 );
                 self.bar.println(&line);
                 if !self.tty {
-                    eprintln!("{}", self.last_line);
+                    if self.last_line != self.printed {
+                        eprintln!("{}", self.last_line);
+                        self.printed = self.last_line.clone();
+                    }
                     eprintln!("{line}");
                 }
             }

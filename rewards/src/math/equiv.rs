@@ -73,7 +73,7 @@ fn split_top(s: &str, sep: &str) -> Vec<String> {
             b')' | b']' | b'}' => depth -= 1,
             _ => {}
         }
-        if depth == 0 && s[i..].starts_with(sep) {
+        if depth == 0 && s.is_char_boundary(i) && s[i..].starts_with(sep) {
             parts.push(s[last..i].trim().to_string());
             i += sep.len();
             last = i;
@@ -458,6 +458,31 @@ mod tests {
 
     fn eq(a: &str, b: &str) -> bool {
         equivalent(&parse_answer(a, true), &parse_answer(b, true))
+    }
+
+    #[test]
+    fn multibyte_text_never_panics() {
+        // Seen from a tiny model in training: a replacement character before a separator.
+        for raw in [
+            "16\u{FFFD}y4= box",
+            "\u{FFFD}=\u{FFFD},é,ü=ß",
+            "(x\u{1F600}, y)=3",
+            "a\u{FFFD}\\{\u{FFFD}\\}=1",
+        ] {
+            let _ = parse_answer(raw, true);
+        }
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let alphabet: Vec<char> = "0123456789=,.()[]{}\\ x+-é\u{FFFD}ß€".chars().collect();
+        for _ in 0..2000 {
+            let mut text = String::new();
+            for _ in 0..12 {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                text.push(alphabet[(state % alphabet.len() as u64) as usize]);
+            }
+            let _ = parse_answer(&text, true);
+        }
     }
 
     #[test]
