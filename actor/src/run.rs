@@ -615,7 +615,7 @@ pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSu
                         if stage.on_policy {
                             // Rollouts of the old version would be dropped as stale: stop them
                             // and start the new version's prompts.
-                            for f in engine.abort_all() {
+                            for f in engine.reset() {
                                 contexts.remove(&f.job.tag);
                             }
                             contexts.clear();

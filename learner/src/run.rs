@@ -97,6 +97,11 @@ pub struct LearnerSummary {
     pub wall_s: f64,
 }
 
+/// After this many × `batch_prompts` groups in a row with all-equal rewards, an RL step is
+/// completed with such groups (zero advantages, weights unchanged) so that a stage whose task
+/// the model cannot (or always) solve still ends.
+const NO_SIGNAL_GROUPS: u64 = 8;
+
 /// Salt of the SFT packing order.
 const SFT_SALT: u64 = 0x5f73_6674_5f6f_7264;
 /// Salt of the learner's RNG (prompt retirement draws).
@@ -312,6 +317,7 @@ fn lr_schedule(stage: &StageConfig) -> LrSchedule {
 
 impl<'a> Learner<'a> {
     fn start(opts: &'a LearnerOptions, metrics: MetricsLog, stop: Arc<AtomicBool>) -> Result<Self> {
+        let started = Instant::now();
         let config = &opts.config;
         let snapshots = opts.run_dir.join("snapshots");
         let existing = snapshot::latest_complete(&snapshots)?;
@@ -403,6 +409,17 @@ impl<'a> Learner<'a> {
         if learner.published.is_none() {
             // Version 0: the initial weights, kept as the start of stage 0.
             learner.publish(true)?;
+        } else {
+            learner.metrics.emit(
+                "resume",
+                json!({
+                    "policy_version": learner.state.policy_version,
+                    "step": learner.state.step,
+                    "stage_index": learner.state.stage_index,
+                    "stage_step": learner.state.stage_step,
+                    "resume_s": started.elapsed().as_secs_f64(),
+                }),
+            );
         }
         Ok(learner)
     }
@@ -498,7 +515,8 @@ impl<'a> Learner<'a> {
                 self.optimizer = self
                     .policy
                     .optimizer(&stage, config.learner.max_bad_steps)?;
-                self.state.curriculum = json!({ "reference_version": self.state.policy_version });
+                self.state.curriculum =
+                    json!({ "reference_version": self.state.policy_version, "equal_in_a_row": 0 });
             }
             let finished = match data {
                 StageData::Sft(schedule) => self.run_sft(index, &stage, schedule)?,
@@ -736,7 +754,10 @@ impl<'a> Learner<'a> {
         } else {
             None
         };
-        let mut equal_in_a_row = 0u64;
+        // Part of the resumable state: it decides when a no-signal step happens.
+        let mut equal_in_a_row = self.state.curriculum["equal_in_a_row"]
+            .as_u64()
+            .unwrap_or(0);
         while (self.state.stage_step as usize) < stage.steps {
             let t0 = Instant::now();
             let mut idle = 0.0;
@@ -745,6 +766,13 @@ impl<'a> Learner<'a> {
             let mut kept_ids: Vec<(String, u64)> = Vec::new();
             let mut seen: Vec<RolloutGroup> = Vec::new();
             let mut other_stage = 0u64;
+            let mut no_signal: Vec<(String, u64, RolloutGroup)> = Vec::new();
+            // Content of the groups decided at this version: a restarted actor regenerates
+            // exactly the groups it wrote before it died (same weights, same keys), which must
+            // not count twice.
+            let mut decided: std::collections::HashSet<u64> = Default::default();
+            let mut duplicates = 0u64;
+            let mut no_signal_step = false;
             let before = filter.metrics().clone();
             while kept.len() < stage.batch_prompts {
                 let Some(rg) = self.next_group(&mut idle)? else {
@@ -757,6 +785,10 @@ impl<'a> Learner<'a> {
                 self.consumed
                     .actors
                     .insert(rg.actor.clone(), rg.cursor_after);
+                if !decided.insert(content_hash(&rg.group)) {
+                    duplicates += 1;
+                    continue;
+                }
                 let verdict = (rg.group.stage_index as usize == index)
                     .then(|| filter.admit(&rg.group, version));
                 let rewards: Vec<f32> = rg.group.samples.iter().map(|s| s.reward).collect();
@@ -771,9 +803,28 @@ impl<'a> Learner<'a> {
                     }
                     Some(Err(DropReason::EqualRewards)) => {
                         tracker.record(rg.group.prompt_id, &rewards);
-                        seen.push(rg.group);
+                        seen.push(rg.group.clone());
+                        if no_signal.len() >= stage.batch_prompts {
+                            no_signal.remove(0);
+                        }
+                        no_signal.push((rg.actor.clone(), rg.seq, rg.group));
                         equal_in_a_row += 1;
-                        if equal_in_a_row == 20 * stage.batch_prompts as u64 {
+                        if equal_in_a_row >= NO_SIGNAL_GROUPS * stage.batch_prompts as u64
+                            && kept.len() + no_signal.len() >= stage.batch_prompts
+                        {
+                            // Nothing to learn from for a long while: complete the step with
+                            // these groups (zero advantages) so the stage still ends in
+                            // bounded time; the weights do not change.
+                            for (actor, seq, group) in no_signal.drain(..) {
+                                if kept.len() < stage.batch_prompts {
+                                    kept_ids.push((actor, seq));
+                                    kept.push(group);
+                                }
+                            }
+                            no_signal_step = true;
+                            equal_in_a_row = 0;
+                        }
+                        if equal_in_a_row == 4 * stage.batch_prompts as u64 {
                             tracing::warn!(
                                 "stage {}: the last {equal_in_a_row} groups all had equal rewards \
                                  (every sample right, or every sample wrong): nothing to learn \
@@ -801,13 +852,19 @@ impl<'a> Learner<'a> {
                 &self.opts.device,
             )?;
             let lr = schedule_lr.lr(self.state.stage_step);
-            let outcome = self.optimizer.step(lr, stats.loss)?;
+            let outcome = if no_signal_step {
+                self.optimizer.zero_grad();
+                StepOutcome::Applied { grad_norm: 0.0, lr }
+            } else {
+                self.optimizer.step(lr, stats.loss)?
+            };
             let grad_norm = match outcome {
                 StepOutcome::Applied { grad_norm, .. } => Some(grad_norm),
                 StepOutcome::Skipped { .. } => None,
             };
             self.state.filter_metrics = filter.metrics().clone();
             self.state.prompt_tracker = Some(tracker.state());
+            self.state.curriculum["equal_in_a_row"] = json!(equal_in_a_row);
             let stage_step = self.state.stage_step;
             let step_s = t0.elapsed().as_secs_f64();
             let compute_s = (step_s - idle).max(1e-9);
@@ -845,15 +902,32 @@ impl<'a> Learner<'a> {
                         "equal_rewards": after.equal_rewards - before.equal_rewards,
                         "bad_input": after.bad_input() - before.bad_input(),
                         "other_stage": other_stage,
+                        "duplicate": duplicates,
                     },
                     "queue_depth": self.queue.len(),
                     "clip_fraction": stats.clipped_tokens / stats.tokens.max(1.0),
+                    "no_signal": no_signal_step,
                     "skipped": !applied,
                 }),
             );
         }
         Ok(true)
     }
+}
+
+/// A hash of what a group contains (prompt, responses, versions): equal for a group an actor
+/// regenerated after a restart.
+fn content_hash(g: &RolloutGroup) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (g.stage_index, g.prompt_id, g.actor_id, &g.prompt_ids).hash(&mut h);
+    for s in &g.samples {
+        s.response_ids.hash(&mut h);
+        for v in &s.policy_versions {
+            (v.start_token, v.version).hash(&mut h);
+        }
+    }
+    h.finish()
 }
 
 fn mean_reward<'g>(groups: impl Iterator<Item = &'g RolloutGroup>) -> Option<f64> {

@@ -330,6 +330,66 @@ mod tests {
         assert_eq!(rows[1].ids.len(), 5);
     }
 
+    /// A packed row gives every conversation exactly the log-probs it gets alone: positions
+    /// restart and attention stays inside the segment.
+    #[test]
+    fn packed_rows_score_each_conversation_as_if_alone() {
+        use cascade_shared::model::{random_weights, ModelConfig};
+        let cfg = ModelConfig::from_json_str(
+            r#"{"model_type": "qwen3", "vocab_size": 64, "hidden_size": 32,
+                "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 64,
+                "initializer_range": 0.2}"#,
+        )
+        .unwrap();
+        let dev = Device::Cpu;
+        let model = CausalLm::from_tensors(&cfg, &random_weights(&cfg, 3, &dev).unwrap()).unwrap();
+        let a: Vec<u32> = vec![5, 9, 12, 3, 40, 41, 7];
+        let b: Vec<u32> = vec![8, 1, 33, 60, 2];
+        let alone = |ids: &[u32]| -> Vec<f32> {
+            let t = Tensor::from_vec(ids.to_vec(), (1, ids.len()), &dev).unwrap();
+            model
+                .token_logprobs(&t, None)
+                .unwrap()
+                .squeeze(0)
+                .unwrap()
+                .to_vec1()
+                .unwrap()
+        };
+        let mut ids = a.clone();
+        ids.extend(&b);
+        ids.push(0); // one padding token at the end
+        let seg: Vec<u32> = std::iter::repeat_n(1, a.len())
+            .chain(std::iter::repeat_n(2, b.len()))
+            .chain([0])
+            .collect();
+        let n = ids.len();
+        let packed: Vec<f32> = model
+            .token_logprobs(
+                &Tensor::from_vec(ids, (1, n), &dev).unwrap(),
+                Some(&Tensor::from_vec(seg, (1, n), &dev).unwrap()),
+            )
+            .unwrap()
+            .squeeze(0)
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let (la, lb) = (alone(&a), alone(&b));
+        for (i, (x, y)) in la.iter().zip(&packed[..a.len() - 1]).enumerate() {
+            assert!(
+                (x - y).abs() < 1e-5,
+                "conversation 1, token {i}: {x} vs {y}"
+            );
+        }
+        let off = a.len();
+        for (i, (x, y)) in lb.iter().zip(&packed[off..off + b.len() - 1]).enumerate() {
+            assert!(
+                (x - y).abs() < 1e-5,
+                "conversation 2, token {i}: {x} vs {y}"
+            );
+        }
+    }
+
     #[test]
     fn schedule_rows_are_a_function_of_the_index() {
         let examples: Vec<_> = (0..10).map(|i| ex(3 + i % 4, 1)).collect();

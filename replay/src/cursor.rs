@@ -91,8 +91,9 @@ pub fn write_progress(actor_dir: &Path, consumer: &str, cursor: &Cursor) -> Resu
     write_atomically(&dir.join(format!("{consumer}.{PROGRESS_EXT}")), &json)
 }
 
-/// The position backpressure waits for: over all consumers (those with a consumed file), the
-/// smallest of `max(consumed, progress)`. `None` when no consumer has published yet.
+/// The position backpressure waits for: over all consumers (with a consumed file, a progress
+/// file or both), the smallest of `max(consumed, progress)`. `None` when no consumer has
+/// published yet.
 pub fn read_min_progress(actor_dir: &Path) -> Result<Option<u64>> {
     let dir = actor_dir.join(CONSUMED_DIR);
     let entries = match std::fs::read_dir(&dir) {
@@ -112,17 +113,22 @@ pub fn read_min_progress(actor_dir: &Path) -> Result<Option<u64>> {
             Err(e) => Err(e).at(path),
         }
     };
-    let mut min: Option<u64> = None;
+    // Every consumer with a consumed file, a progress file, or both.
+    let mut consumers = std::collections::BTreeSet::new();
     for entry in entries {
         let path = entry.at(&dir)?.path();
-        if path.extension().and_then(|e| e.to_str()) != Some("json") {
-            continue;
+        let ext = path.extension().and_then(|e| e.to_str());
+        if ext == Some("json") || ext == Some(PROGRESS_EXT) {
+            consumers.insert(path.with_extension(""));
         }
-        let Some(consumed) = read(&path)? else {
+    }
+    let mut min: Option<u64> = None;
+    for base in consumers {
+        let consumed = read(&base.with_extension("json"))?;
+        let progress = read(&base.with_extension(PROGRESS_EXT))?;
+        let Some(pos) = consumed.max(progress) else {
             continue;
         };
-        let progress = read(&path.with_extension(PROGRESS_EXT))?.unwrap_or(0);
-        let pos = consumed.max(progress);
         min = Some(min.map_or(pos, |m| m.min(pos)));
     }
     Ok(min)
@@ -140,6 +146,10 @@ mod tests {
             offset: 64,
             next_seq: n,
         };
+        // Progress alone (nothing committed yet) counts.
+        write_progress(dir.path(), "learner", &at(3)).unwrap();
+        assert_eq!(read_min_progress(dir.path()).unwrap(), Some(3));
+        assert_eq!(read_min_consumed(dir.path()).unwrap(), None);
         write_consumed(dir.path(), "learner", &at(5)).unwrap();
         assert_eq!(read_min_progress(dir.path()).unwrap(), Some(5));
         write_progress(dir.path(), "learner", &at(9)).unwrap();

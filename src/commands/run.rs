@@ -103,6 +103,15 @@ fn load_config(args: &RunArgs, run_dir: &Path, resuming: bool) -> Result<RunConf
     Ok(config)
 }
 
+/// A multi-line message (some parsers add context lines) as one line.
+fn one_line(msg: &str) -> String {
+    msg.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// Makes every path of the config absolute (so the saved copy works from any directory).
 fn absolutize(config: &mut RunConfig) {
     let abs = |c: &RunConfig, p: &Path| -> PathBuf {
@@ -482,13 +491,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     let mut config = match load_config(&args, &run_dir, resuming) {
         Ok(c) => c,
         Err(ConfigProblem(msg)) => {
-            eprintln!("error: {msg}");
+            eprintln!("error: {}", one_line(&msg));
             return Ok(2);
         }
     };
     if !embedded {
         if let Err(e) = config.check_files() {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", one_line(&e.to_string()));
             return Ok(2);
         }
     }

@@ -231,6 +231,15 @@ impl Engine {
         Ok(out)
     }
 
+    /// [`Engine::abort_all`], then a fresh KV cache: what is generated next is computed exactly
+    /// as by a new engine (same cache layout, so the same float results), which a strictly
+    /// on-policy actor needs to reproduce a run bit for bit after a restart.
+    pub fn reset(&mut self) -> Vec<Finished> {
+        let out = self.abort_all();
+        self.batch = DecodeBatch::new(self.rows.len());
+        out
+    }
+
     /// Stops every row in flight and drops the queue; the rows in flight are returned with
     /// [`FinishReason::Abort`].
     pub fn abort_all(&mut self) -> Vec<Finished> {
