@@ -435,7 +435,7 @@ fn on_policy_run_killed_and_resumed_ends_bit_identical_to_an_uninterrupted_one()
     assert!(out.status.success(), "{}", show(&out));
     // The same run, with the learner SIGKILLed after its third step, then resumed.
     let b = tmp.path().join("b");
-    let mut child = cascade()
+    let child = cascade()
         .args(["run", "--no-eval", "--config"])
         .arg(&cfg)
         .arg("--run-dir")
