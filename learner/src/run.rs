@@ -581,25 +581,25 @@ impl<'a> Learner<'a> {
         )
     }
 
-    /// Common bookkeeping after an optimizer step; returns whether it was applied.
-    fn finish_step(&mut self, outcome: StepOutcome, stage: &StageConfig) -> Result<bool> {
+    /// Common bookkeeping after an optimizer step: returns whether it was applied and whether a
+    /// (non-final) snapshot is due. The caller logs the step first and publishes after, so that
+    /// a crash between the two redoes (and re-logs) the step rather than losing its metrics.
+    fn finish_step(&mut self, outcome: StepOutcome, stage: &StageConfig) -> (bool, bool) {
         let applied = matches!(outcome, StepOutcome::Applied { .. });
-        if applied {
-            self.state.step += 1;
-            self.state.stage_step += 1;
-            self.state.policy_version += 1;
-            self.steps_here += 1;
-            let last = self.state.stage_step as usize >= stage.steps;
-            if !last
-                && self
-                    .state
-                    .policy_version
-                    .is_multiple_of(self.opts.config.learner.publish_every as u64)
-            {
-                self.publish(false)?;
-            }
+        if !applied {
+            return (false, false);
         }
-        Ok(applied)
+        self.state.step += 1;
+        self.state.stage_step += 1;
+        self.state.policy_version += 1;
+        self.steps_here += 1;
+        let last = self.state.stage_step as usize >= stage.steps;
+        let due = !last
+            && self
+                .state
+                .policy_version
+                .is_multiple_of(self.opts.config.learner.publish_every as u64);
+        (true, due)
     }
 
     /// Runs the SFT stage to its end; `false` if stopped first.
@@ -633,7 +633,7 @@ impl<'a> Learner<'a> {
             };
             let step_s = t0.elapsed().as_secs_f64();
             let stage_step = self.state.stage_step;
-            let applied = self.finish_step(outcome, stage)?;
+            let (applied, due) = self.finish_step(outcome, stage);
             self.metrics.emit(
                 "sft_step",
                 json!({
@@ -653,6 +653,9 @@ impl<'a> Learner<'a> {
                     "skipped": !applied,
                 }),
             );
+            if due {
+                self.publish(false)?;
+            }
         }
         Ok(true)
     }
@@ -868,7 +871,7 @@ impl<'a> Learner<'a> {
             let stage_step = self.state.stage_step;
             let step_s = t0.elapsed().as_secs_f64();
             let compute_s = (step_s - idle).max(1e-9);
-            let applied = self.finish_step(outcome, stage)?;
+            let (applied, due) = self.finish_step(outcome, stage);
             let after = filter.metrics();
             let lags: Vec<u64> = kept
                 .iter()
@@ -910,6 +913,9 @@ impl<'a> Learner<'a> {
                     "skipped": !applied,
                 }),
             );
+            if due {
+                self.publish(false)?;
+            }
         }
         Ok(true)
     }
