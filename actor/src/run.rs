@@ -498,6 +498,7 @@ fn wait_for_weights(
 pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSummary> {
     let started = Instant::now();
     let seed = mix(opts.config.actor.seed, u64::from(opts.actor_id));
+    std::fs::create_dir_all(&opts.run_dir).map_err(|e| ActorError::io(&opts.run_dir, e))?;
     let metrics = MetricsLog::open(
         opts.run_dir.join(METRICS_FILE),
         format!("actor-{}", opts.actor_id),

@@ -40,11 +40,16 @@ fn err(text: &str) -> String {
 #[test]
 fn committed_configs_parse_and_validate() {
     let tiny = RunConfig::load(configs().join("tiny.toml"), &[]).unwrap();
-    assert_eq!(tiny.stages.len(), 2);
+    let kinds: Vec<&str> = tiny.stages.iter().map(|s| s.kind.as_str()).collect();
+    assert_eq!(kinds, ["sft", "sft", "rlhf", "if", "math", "code", "swe"]);
     assert_eq!(tiny.stages[0].kind, StageKind::Sft);
+    assert!(
+        tiny.reward_model.is_some(),
+        "the tiny default trains its reward model"
+    );
     let math = tiny.stage("math").unwrap();
-    assert_eq!(math.max_response_tokens_at(0, 1), 32);
-    assert_eq!(math.max_response_tokens_at(10, 1), 64);
+    assert_eq!(math.max_response_tokens_at(0, 1), 48);
+    assert_eq!(math.max_response_tokens_at(6, 1), 64);
     assert_eq!(tiny.devices.actor_assignment(), vec![Device::Cpu]);
 
     let big = RunConfig::load(configs().join("qwen3-8b-base.toml"), &[]).unwrap();
@@ -257,12 +262,12 @@ fn cli_flags_override_the_file_in_order() {
         "--learner-threads",
         "3",
         "--set",
-        "stages.sft.steps=5",
+        "stages.sft1.steps=50",
     ]);
     let cfg = cli.config.load("", Path::new(".")).unwrap();
     assert_eq!(cfg.actor.gen_batch, 9, "typed flags win over --set");
     assert_eq!(cfg.learner.threads, 3);
-    assert_eq!(cfg.stages[0].steps, 5);
+    assert_eq!(cfg.stages[0].steps, 50);
     assert_eq!(cfg.actor.top_k, 0);
 
     let embedded = std::fs::read_to_string(&path).unwrap();
