@@ -7,6 +7,7 @@ pub mod dataset;
 pub mod engine;
 pub mod error;
 pub mod eval;
+pub mod judge;
 pub mod reward_model;
 pub mod rewards;
 pub mod run;

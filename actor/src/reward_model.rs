@@ -11,7 +11,7 @@ use std::path::Path;
 use candle_core::{DType, Device, Tensor};
 use cascade_rewards::{Reward, SplitResponse, Verifier, VerifyError};
 use cascade_shared::chat::{Chat, Message};
-use cascade_shared::model::{load_model, CausalLm, Checkpoint};
+use cascade_shared::model::{compute_dtype, CausalLm, Checkpoint, ModelConfig};
 use cascade_shared::Mode;
 
 use crate::error::{ActorError, Result};
@@ -38,11 +38,24 @@ impl std::fmt::Debug for RewardModel {
 
 impl RewardModel {
     /// Loads a reward-model checkpoint directory onto `device`.
+    ///
+    /// Both our own saves (learner `RmTrainer::save`) and transformers'
+    /// `*ForSequenceClassification` checkpoints (`num_labels = 1`) load: the latter have
+    /// `model.*` and `score.weight` but no `lm_head.weight`, whatever `tie_word_embeddings`
+    /// says. The LM head is never used for scoring, so when the config asks for an untied head
+    /// that the checkpoint does not have, the model is built with the head tied to the
+    /// embedding instead.
     pub fn load(dir: &Path, device: &Device) -> Result<RewardModel> {
-        let model = load_model(dir, device)?;
+        let mut cfg = ModelConfig::from_file(&dir.join("config.json"))?;
+        let ckpt = Checkpoint::open_dir(dir)?;
+        if !cfg.tie_word_embeddings && !ckpt.contains("lm_head.weight") {
+            cfg.tie_word_embeddings = true;
+        }
+        let tensors = ckpt.load_all(&cfg, compute_dtype(device), device)?;
+        let model = CausalLm::from_tensors(&cfg, &tensors)?;
+        drop(tensors);
         let hidden = model.config().hidden_size;
-        let head =
-            Checkpoint::open_dir(dir)?.load(SCORE_WEIGHT, &[1, hidden], model.dtype(), device)?;
+        let head = ckpt.load(SCORE_WEIGHT, &[1, hidden], model.dtype(), device)?;
         let chat = Chat::from_dir(dir)?;
         RewardModel::new(model, head, chat)
     }
