@@ -4,8 +4,11 @@ use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::PathBuf;
 
 use anyhow::Context;
+use cascade_actor::judge::JudgeScorer;
+use cascade_actor::reward_model::RewardModel;
 use cascade_rewards::code::{CodeConfig, SandboxConfig};
 use cascade_rewards::{CodeVerifier, Scorer, SweVerifier};
+use cascade_shared::device::parse_device;
 use clap::Args;
 
 /// Arguments of `cascade score`.
@@ -14,6 +17,8 @@ use clap::Args;
 /// Output lines, in input order: `{"line": n, "domain": d, "reward": r, "details": {...}}`, or
 /// `{"line": n, ..., "reward": null, "error": "..."}` for a line that could not be scored.
 /// Exit code 0 when every line was scored, 2 when some lines were reported as errors.
+/// `swe` lines get their semantic score from `--judge DIR` (else the lexical fallback); `rm`
+/// lines need `--reward-model DIR` (else each is an error line).
 #[derive(Args, Debug)]
 pub struct ScoreArgs {
     /// JSONL file to score (`-` for stdin).
@@ -31,15 +36,42 @@ pub struct ScoreArgs {
     /// Wall-clock limit per code test run for lines without `timeout_s`, in seconds.
     #[arg(long, default_value_t = 10.0)]
     pub code_timeout_s: f64,
+    /// Judge model directory (config, safetensors, tokenizer, chat template) for the semantic
+    /// score of `swe` lines: P("YES") / (P("YES") + P("NO")) for "do the two patches fix the
+    /// same issue?". Without it the semantic score falls back to the lexical ratio (and the
+    /// line's details say so).
+    #[arg(long, value_name = "DIR")]
+    pub judge: Option<PathBuf>,
+    /// Reward-model directory (our RM save, or a transformers `*ForSequenceClassification`
+    /// checkpoint with `num_labels = 1`) for `rm` lines: reward = the model's score of
+    /// (`prompt`, final answer of `response`).
+    #[arg(long, value_name = "DIR")]
+    pub reward_model: Option<PathBuf>,
+    /// Device of the judge and reward models: `cpu` or `cuda:N`.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
 }
 
 /// Builds the domain → verifier map. Domains whose verifier cannot run here are registered as
-/// unavailable, so their lines get a per-line error and the rest is still scored.
-fn build_scorer(args: &ScoreArgs) -> Scorer {
+/// unavailable, so their lines get a per-line error and the rest is still scored. A judge or
+/// reward model that was asked for but does not load is an error of the whole command.
+fn build_scorer(args: &ScoreArgs) -> anyhow::Result<Scorer> {
     let mut scorer = Scorer::new();
     scorer.register("math", Box::new(cascade_rewards::MathVerifier::default()));
     scorer.register("if", Box::new(cascade_rewards::IfEvalVerifier::default()));
-    scorer.register("swe", Box::new(SweVerifier::default()));
+    let device = if args.judge.is_some() || args.reward_model.is_some() {
+        Some(parse_device(&args.device).map_err(|e| anyhow::anyhow!("--device: {e}"))?)
+    } else {
+        None
+    };
+    match (&args.judge, &device) {
+        (Some(dir), Some(device)) => {
+            let judge = JudgeScorer::load(dir, device)
+                .with_context(|| format!("loading the judge model {}", dir.display()))?;
+            scorer.register("swe", Box::new(SweVerifier::new(Box::new(judge))));
+        }
+        _ => scorer.register("swe", Box::new(SweVerifier::default())),
+    }
     let code = CodeConfig {
         sandbox: SandboxConfig {
             python: args.python.clone(),
@@ -55,9 +87,15 @@ fn build_scorer(args: &ScoreArgs) -> Scorer {
             scorer.mark_unavailable("code", format!("code sandbox unavailable: {e}"));
         }
     }
-    // The reward-model verifier needs a model; it plugs in here through `Scorer::register`.
-    scorer.mark_unavailable("rm", "domain rm needs --reward-model DIR");
-    scorer
+    match (&args.reward_model, &device) {
+        (Some(dir), Some(device)) => {
+            let rm = RewardModel::load(dir, device)
+                .with_context(|| format!("loading the reward model {}", dir.display()))?;
+            scorer.register("rm", Box::new(rm));
+        }
+        _ => scorer.mark_unavailable("rm", "domain rm needs --reward-model DIR"),
+    }
+    Ok(scorer)
 }
 
 /// Runs `cascade score`.
@@ -70,13 +108,14 @@ pub fn run(args: ScoreArgs) -> anyhow::Result<i32> {
             .with_context(|| format!("opening {}", args.input.display()))?;
         Box::new(BufReader::new(file))
     };
+    // Models load before the output file is created, so a bad --judge leaves no empty output.
+    let scorer = build_scorer(&args)?;
     let output: Box<dyn Write> = match &args.output {
         Some(path) => Box::new(BufWriter::new(
             std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
         )),
         None => Box::new(BufWriter::new(std::io::stdout().lock())),
     };
-    let scorer = build_scorer(&args);
     let summary = scorer
         .score_stream(input, output, args.workers)
         .with_context(|| format!("scoring {}", args.input.display()))?;
