@@ -17,6 +17,7 @@ fn group(actor_id: u32, prompt_id: u64, version: u64) -> RolloutGroup {
         mode: Mode::Think,
         actor_id,
         prompt_ids: vec![10, 11, 12],
+        temperature: 1.0,
         samples: vec![Sample {
             response_ids: vec![1, 2, 3],
             behaviour_logprobs: vec![-0.5, -0.25, -1.5],

@@ -280,6 +280,7 @@ fn write_groups(
                 mode: first.sample.job.mode,
                 actor_id: first.ctx.actor_id,
                 prompt_ids: first.sample.job.prompt_ids.clone(),
+                temperature: first.sample.job.params.sampling.logprob_temperature(),
                 samples: samples.into_iter().map(|s| s.sample).collect(),
             };
             sink.send(&group)?;

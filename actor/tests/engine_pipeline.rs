@@ -122,6 +122,7 @@ fn the_reward_pool_assembles_groups() {
             (StageKind::If, 2, 5, Mode::Think)
         );
         assert_eq!(g.samples.len(), 3);
+        assert_eq!(g.temperature, 1.0, "plain sampling records T = 1");
         for s in &g.samples {
             assert_eq!(s.behaviour_logprobs.len(), s.response_ids.len());
             if p == 3 {

@@ -29,6 +29,8 @@ struct PreparedRow {
     behaviour_logprobs: Vec<f32>,
     /// Group-normalised advantage.
     advantage: f32,
+    /// Temperature of the behaviour log-probs.
+    temperature: f32,
     /// False when the sample carries no loss (overlong masking, aborted generation).
     trained: bool,
 }
@@ -56,6 +58,8 @@ pub struct MicroBatch {
     pub behaviour_logprobs: Tensor,
     /// `(b,)` f32, the advantage of each row.
     pub advantages: Tensor,
+    /// The sampling temperature of each row: the policy's log-probs are computed at it.
+    pub temperatures: Vec<f32>,
 }
 
 /// A GRPO batch: every sample of the given groups with its advantage.
@@ -133,6 +137,7 @@ impl GrpoBatch {
                     prompt_len: group.prompt_ids.len(),
                     behaviour_logprobs: sample.behaviour_logprobs.clone(),
                     advantage,
+                    temperature: group.temperature,
                     trained,
                 });
             }
@@ -227,6 +232,7 @@ impl GrpoBatch {
             loss_mask: Tensor::from_vec(loss_mask, (b, t - 1), device)?,
             behaviour_logprobs: Tensor::from_vec(behaviour, (b, t - 1), device)?,
             advantages: Tensor::from_vec(advantages, b, device)?,
+            temperatures: rows.iter().map(|r| r.temperature).collect(),
         })
     }
 }
@@ -259,6 +265,7 @@ mod tests {
             mode: Mode::Think,
             actor_id: 0,
             prompt_ids: vec![5, 6],
+            temperature: 1.0,
             samples,
         }
     }

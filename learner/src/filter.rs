@@ -68,6 +68,11 @@ pub enum BadInput {
         /// Behaviour log-probs.
         logprobs: usize,
     },
+    /// The sampling temperature is not a finite positive number.
+    BadTemperature {
+        /// The recorded temperature.
+        temperature: f32,
+    },
     /// A reward is NaN or infinite.
     NonFiniteReward {
         /// Index of the sample in the group.
@@ -113,6 +118,9 @@ impl std::fmt::Display for DropReason {
                     f,
                     "bad input: sample {sample} has {logprobs} log-probs for {tokens} tokens"
                 ),
+                BadInput::BadTemperature { temperature } => {
+                    write!(f, "bad input: sampling temperature {temperature} is not > 0")
+                }
                 BadInput::NonFiniteReward { sample } => {
                     write!(f, "bad input: sample {sample} has a non-finite reward")
                 }
@@ -154,6 +162,9 @@ pub struct FilterMetrics {
     pub bad_logprob: u64,
     /// Rejected: version newer than the learner's.
     pub bad_future_version: u64,
+    /// Rejected: sampling temperature not a finite positive number.
+    #[serde(default)]
+    pub bad_temperature: u64,
 }
 
 impl FilterMetrics {
@@ -165,6 +176,7 @@ impl FilterMetrics {
             + self.bad_reward
             + self.bad_logprob
             + self.bad_future_version
+            + self.bad_temperature
     }
 }
 
@@ -184,6 +196,11 @@ pub fn check_input(
 ) -> std::result::Result<(), BadInput> {
     if group.samples.is_empty() {
         return Err(BadInput::NoSamples);
+    }
+    if !(group.temperature > 0.0 && group.temperature.is_finite()) {
+        return Err(BadInput::BadTemperature {
+            temperature: group.temperature,
+        });
     }
     let out_of_vocab = |ids: &[u32]| ids.iter().copied().find(|&t| t >= vocab_size);
     if let Some(token) = out_of_vocab(&group.prompt_ids) {
@@ -279,6 +296,7 @@ impl GroupFilter {
                             BadInput::NonFiniteReward { .. } => m.bad_reward += 1,
                             BadInput::NonFiniteLogprob { .. } => m.bad_logprob += 1,
                             BadInput::FutureVersion { .. } => m.bad_future_version += 1,
+                            BadInput::BadTemperature { .. } => m.bad_temperature += 1,
                         }
                         tracing::warn!(
                             prompt_id = group.prompt_id,
@@ -349,6 +367,7 @@ mod tests {
             mode: Mode::Think,
             actor_id: 0,
             prompt_ids: vec![3, 4],
+            temperature: 1.0,
             samples: rewards.iter().map(|&r| sample(r, version)).collect(),
         }
     }

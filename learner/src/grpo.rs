@@ -233,6 +233,7 @@ mod tests {
             loss_mask: Tensor::new(&[[0f32, 1.0]], &d).unwrap(),
             behaviour_logprobs: Tensor::new(&[[0f32, behaviour]], &d).unwrap(),
             advantages: Tensor::new(&[adv], &d).unwrap(),
+            temperatures: vec![1.0],
         }
     }
 

@@ -17,6 +17,23 @@ pub trait PolicyModel {
         input_ids: &Tensor,
         attention_mask: &Tensor,
     ) -> candle_core::Result<Tensor>;
+
+    /// The same log-probs of the tempered distribution `softmax(logits / T_b)`, one temperature
+    /// per row: what the actors' samplers report as behaviour log-probs. Models without
+    /// temperature support accept only `T = 1`.
+    fn token_logprobs_at(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        temperatures: &[f32],
+    ) -> candle_core::Result<Tensor> {
+        if temperatures.iter().all(|&t| t == 1.0) {
+            return self.token_logprobs(input_ids, attention_mask);
+        }
+        Err(candle_core::Error::Msg(
+            "this policy model computes log-probs at temperature 1 only".into(),
+        ))
+    }
 }
 
 impl PolicyModel for cascade_shared::model::CausalLm {
@@ -27,5 +44,20 @@ impl PolicyModel for cascade_shared::model::CausalLm {
     ) -> candle_core::Result<Tensor> {
         cascade_shared::model::CausalLm::token_logprobs(self, input_ids, Some(attention_mask))
             .map_err(candle_core::Error::wrap)
+    }
+
+    fn token_logprobs_at(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        temperatures: &[f32],
+    ) -> candle_core::Result<Tensor> {
+        cascade_shared::model::CausalLm::token_logprobs_at(
+            self,
+            input_ids,
+            Some(attention_mask),
+            temperatures,
+        )
+        .map_err(candle_core::Error::wrap)
     }
 }

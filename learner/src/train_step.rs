@@ -34,10 +34,11 @@ where
     let mut total = GrpoStats::default();
     for range in batch.micro_batch_ranges(micro_batch) {
         let mb = batch.micro_batch(range, device)?;
-        let logprobs = policy.token_logprobs(&mb.input_ids, &mb.attention_mask)?;
+        let logprobs =
+            policy.token_logprobs_at(&mb.input_ids, &mb.attention_mask, &mb.temperatures)?;
         let ref_logprobs = match reference {
             Some(r) if cfg.kl_coef > 0.0 => Some(
-                r.token_logprobs(&mb.input_ids, &mb.attention_mask)?
+                r.token_logprobs_at(&mb.input_ids, &mb.attention_mask, &mb.temperatures)?
                     .detach(),
             ),
             _ => None,

@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 /// Version of the [`RolloutGroup`] encoding. Bump on any change to the structs below.
-pub const ROLLOUT_FORMAT_VERSION: u16 = 1;
+pub const ROLLOUT_FORMAT_VERSION: u16 = 2;
 
 /// Magic prefix of an encoded group ("RG"), before the little-endian format version.
 const ROLLOUT_MAGIC: [u8; 2] = *b"RG";
@@ -179,6 +179,10 @@ pub struct RolloutGroup {
     pub actor_id: u32,
     /// Prompt token ids (the rendered chat template up to the assistant turn).
     pub prompt_ids: Vec<u32>,
+    /// The softmax temperature of the behaviour log-probs: `log_softmax(logits / T)`. The
+    /// learner computes the policy's log-probs at the same temperature, so that the importance
+    /// ratio compares like with like (1 for an on-policy sample). 1 for greedy decoding.
+    pub temperature: f32,
     /// The G samples.
     pub samples: Vec<Sample>,
 }
@@ -262,6 +266,7 @@ mod tests {
             mode: Mode::Think,
             actor_id: 1,
             prompt_ids: vec![1, 2, 3],
+            temperature: 1.0,
             samples: vec![Sample {
                 response_ids: vec![7, 8],
                 behaviour_logprobs: vec![-0.5, -1.25],

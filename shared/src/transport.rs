@@ -241,6 +241,7 @@ mod tests {
             mode: Mode::NoThink,
             actor_id: 2,
             prompt_ids: vec![5, 6, 7],
+            temperature: 1.0,
             samples: vec![Sample {
                 response_ids: vec![1, 2],
                 behaviour_logprobs: vec![-0.25, -2.0],

@@ -588,6 +588,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     let mut progress = Progress::new(&run_dir);
 
     // 3. Supervise.
+    let mut gave_up = 0usize;
     let learner_result: Result<(), String> = loop {
         progress.update();
         if stop.load(Ordering::Relaxed) {
@@ -645,11 +646,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
                         run_dir.join("logs").join(format!("{}.log", a.name)).display()
                     );
                     a.done = true;
+                    gave_up += 1;
                 }
             }
         }
-        if actor_children.iter().all(|a| a.done) && !actor_children.is_empty() {
-            // Every actor gave up; the learner would wait forever for rollouts.
+        if gave_up > 0 && actor_children.iter().all(|a| a.done) {
+            // Every actor is gone and at least one gave up, so the RL stages are not finished
+            // (an actor exits on its own only past the last RL stage): the learner would wait
+            // forever for rollouts.
             let mut all: Vec<&mut Child> = vec![&mut learner];
             stop_children(&mut all, Duration::from_secs(120), &metrics);
             progress.finish();

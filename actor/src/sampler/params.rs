@@ -49,6 +49,16 @@ impl SamplingParams {
         Ok(())
     }
 
+    /// The temperature of the behaviour log-probs this sampler reports: its temperature, or 1
+    /// for greedy decoding (whose log-probs are taken at `T = 1`).
+    pub fn logprob_temperature(&self) -> f32 {
+        if self.is_greedy() {
+            1.0
+        } else {
+            self.temperature
+        }
+    }
+
     /// Whether this is greedy decoding.
     pub fn is_greedy(&self) -> bool {
         self.temperature == 0.0

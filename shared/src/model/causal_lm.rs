@@ -393,6 +393,45 @@ impl CausalLm {
         let targets = input_ids.narrow(1, 1, t - 1)?;
         gather_logprobs(&self.lm_head(&hidden)?, &targets)
     }
+
+    /// [`CausalLm::token_logprobs`] of the tempered distribution `softmax(logits / T_b)`, one
+    /// temperature per row (what a sampler at temperature `T_b` reports as the behaviour
+    /// log-prob). All-ones temperatures take exactly the untempered path.
+    pub fn token_logprobs_at(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: Option<&Tensor>,
+        temperatures: &[f32],
+    ) -> Result<Tensor> {
+        let (b, t) = input_ids.dims2()?;
+        if temperatures.len() != b {
+            return Err(ModelError::Config(format!(
+                "{} temperatures for a batch of {b} rows",
+                temperatures.len()
+            )));
+        }
+        if let Some(bad) = temperatures.iter().find(|x| !(**x > 0.0 && x.is_finite())) {
+            return Err(ModelError::Config(format!(
+                "temperature {bad} is not a finite positive number"
+            )));
+        }
+        if temperatures.iter().all(|&x| x == 1.0) {
+            return self.token_logprobs(input_ids, attention_mask);
+        }
+        if t < 2 {
+            return Err(ModelError::Config(
+                "token_logprobs needs at least 2 tokens".into(),
+            ));
+        }
+        let hidden = self
+            .forward_hidden(input_ids, attention_mask)?
+            .narrow(1, 0, t - 1)?;
+        let targets = input_ids.narrow(1, 1, t - 1)?;
+        let logits = self.lm_head(&hidden)?;
+        let inv: Vec<f32> = temperatures.iter().map(|&x| 1.0 / x).collect();
+        let inv = Tensor::from_vec(inv, (b, 1, 1), logits.device())?.to_dtype(logits.dtype())?;
+        gather_logprobs(&logits.broadcast_mul(&inv)?, &targets)
+    }
 }
 
 /// Positions and the additive attention bias of a full (possibly padded, possibly packed)
