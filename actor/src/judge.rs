@@ -204,7 +204,10 @@ impl JudgeScorer {
         })
     }
 
-    /// Sets how many prompts go through the model at once in [`JudgeScorer::judge_ids`].
+    /// Sets how many prompts go through the model at once in [`JudgeScorer::judge_ids`]
+    /// (default 8). The [`SemanticScorer`] path scores one pair per call. Rows are right-padded
+    /// to the longest prompt of the batch, so on CPU (where a single row already keeps the
+    /// cores busy) batching is slower: 1 was the fastest on the tiny fixture model, 1 thread.
     pub fn with_max_batch(mut self, n: usize) -> Self {
         self.max_batch = n.max(1);
         self

@@ -241,3 +241,29 @@ fn prompt_longer_than_the_context_is_an_environment_error() {
         other => panic!("expected an environment error, got {other:?}"),
     }
 }
+
+/// Throughput of the judge on the fixture model (prints pairs/s; asserts nothing about time).
+/// `RAYON_NUM_THREADS=1 cargo test -p cascade-actor --test judge_hf -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn throughput() {
+    let (_, _, cases) = fixture();
+    let prompts: Vec<Vec<u32>> = (0..64)
+        .map(|i| cases[i % cases.len()].ids.clone())
+        .collect();
+    let tokens: usize = prompts.iter().map(Vec::len).sum();
+    for max_batch in [1, 4, 8] {
+        let j = judge().with_max_batch(max_batch);
+        j.judge_ids(&prompts[..max_batch]).unwrap(); // warm-up
+        let start = std::time::Instant::now();
+        let verdicts = j.judge_ids(&prompts).unwrap();
+        let secs = start.elapsed().as_secs_f64();
+        assert_eq!(verdicts.len(), prompts.len());
+        eprintln!(
+            "max_batch {max_batch}: {} pairs ({tokens} prompt tokens) in {secs:.3} s = {:.1} pairs/s, {:.0} tokens/s",
+            prompts.len(),
+            prompts.len() as f64 / secs,
+            tokens as f64 / secs
+        );
+    }
+}
