@@ -14,6 +14,7 @@ mod cursor;
 mod doorbell;
 mod error;
 pub mod header;
+mod helper;
 mod inspect;
 mod mmap;
 mod reader;

@@ -22,9 +22,21 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use memmap2::{MmapOptions, MmapRaw};
+use memmap2::{Advice, MmapOptions, MmapRaw};
 
 use crate::error::{IoContext, Result};
+
+/// Smallest mapping worth asking for huge pages (one PMD on x86-64).
+const HUGE: usize = 2 << 20;
+
+/// Asks for large page-cache folios mapped by PMD for a large mapping. On kernels and
+/// filesystems with large folios (ext4, xfs, tmpfs with `huge=`) this cuts the page faults of
+/// a fresh segment by up to 512×; elsewhere it is a no-op. Purely advisory: errors are ignored.
+fn advise_huge(raw: &MmapRaw) {
+    if raw.len() >= HUGE {
+        let _ = raw.advise(Advice::HugePage);
+    }
+}
 
 /// A shared memory map of a whole file. See the module docs for the invariants.
 pub(crate) struct Mapping {
@@ -60,6 +72,7 @@ impl Mapping {
             });
         }
         let raw = MmapOptions::new().map_raw_read_only(&file).at(path)?;
+        advise_huge(&raw);
         Ok(Mapping {
             len: raw.len() as u64,
             raw,
@@ -71,6 +84,7 @@ impl Mapping {
     /// Maps `file` (opened read-write) for writing. Only the directory's lock holder calls this.
     pub(crate) fn open_write(file: &File, path: &Path) -> Result<Mapping> {
         let raw = MmapOptions::new().map_raw(file).at(path)?;
+        advise_huge(&raw);
         Ok(Mapping {
             len: raw.len() as u64,
             raw,
@@ -82,6 +96,21 @@ impl Mapping {
     /// The mapped file.
     pub(crate) fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Records that the mapped file was renamed (error messages name the file).
+    pub(crate) fn set_path(&mut self, path: PathBuf) {
+        self.path = path;
+    }
+
+    /// Faults every page in writable ahead of use (`MADV_POPULATE_WRITE`, Linux 5.14+), so the
+    /// writer later copies into mapped memory instead of taking a page fault per page or huge
+    /// page. Advisory: on older kernels, or when it fails, pages fault in on first write as
+    /// usual. It changes no byte of the file.
+    pub(crate) fn populate_write(&self) {
+        if self.writable && self.len > 0 {
+            let _ = self.raw.advise(Advice::PopulateWrite);
+        }
     }
 
     /// Mapped length in bytes.

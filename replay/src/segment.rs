@@ -50,15 +50,32 @@ pub(crate) fn fsync_dir(dir: &Path) -> Result<()> {
     File::open(dir).at(dir)?.sync_all().at(dir)
 }
 
-/// Creates segment `index` of `size` bytes in `dir`, fully preallocated (so a full disk fails
-/// here with [`ReplayError::Preallocate`], never later as SIGBUS on a mapped page), with its
-/// header written and fsynced, then renamed into place. Returns the open file.
-pub(crate) fn create_segment(
-    dir: &Path,
-    index: u64,
-    first_seq: u64,
-    size: u64,
-) -> Result<(File, PathBuf)> {
+/// A segment file under its temporary name (`seg-N.log.tmp`, invisible to readers):
+/// preallocated, fsynced and mapped, without a header yet. [`finish_segment`] turns it into
+/// segment `index`.
+#[derive(Debug)]
+pub(crate) struct Spare {
+    /// Its future index.
+    pub index: u64,
+    /// The writable mapping of the whole file.
+    pub map: Mapping,
+    /// The temporary path.
+    pub tmp: PathBuf,
+}
+
+impl Spare {
+    /// Removes an unused spare.
+    pub(crate) fn discard(self) {
+        drop(self.map);
+        let _ = std::fs::remove_file(&self.tmp);
+    }
+}
+
+/// Creates `seg-<index>.log.tmp` of `size` bytes in `dir`, fully preallocated (so a full disk
+/// fails here with [`ReplayError::Preallocate`], never later as SIGBUS on a mapped page),
+/// fsynced and mapped. With `populate`, every page is also faulted in writable ahead of use
+/// (the helper thread does this; see `helper`).
+pub(crate) fn prepare_segment(dir: &Path, index: u64, size: u64, populate: bool) -> Result<Spare> {
     let path = dir.join(segment_file_name(index));
     let tmp = dir.join(format!("{}.tmp", segment_file_name(index)));
     let file = OpenOptions::new()
@@ -68,31 +85,74 @@ pub(crate) fn create_segment(
         .truncate(true)
         .open(&tmp)
         .at(&tmp)?;
+    let fail = |e: ReplayError| {
+        let _ = std::fs::remove_file(&tmp);
+        Err(e)
+    };
     // SAFETY: plain syscall on a file descriptor we own for the duration of the call.
     let rc = unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, size as libc::off_t) };
     if rc != 0 {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(ReplayError::Preallocate {
+        return fail(ReplayError::Preallocate {
             path,
             size,
             source: std::io::Error::from_raw_os_error(rc),
         });
     }
+    // The header page gets its own small page-cache folio (a 4 KiB write allocates one), so
+    // that msyncing the header when the segment starts writes 4 KiB, not a 2 MiB huge folio.
+    let zeros = [0u8; 4096];
+    let head = zeros.len().min(size as usize);
+    if let Err(source) = file
+        .write_all_at(&zeros[..head], 0)
+        .and_then(|_| file.sync_all())
+    {
+        return fail(ReplayError::Io {
+            path: tmp.clone(),
+            source,
+        });
+    }
+    let map = match Mapping::open_write(&file, &tmp) {
+        Ok(m) => m,
+        Err(e) => return fail(e),
+    };
+    if populate {
+        map.populate_write();
+    }
+    Ok(Spare { index, map, tmp })
+}
+
+/// Turns a spare into segment `spare.index` starting at `first_seq`: writes the header,
+/// msyncs it, renames the file into place and fsyncs the directory. A renamed segment always
+/// has a durable, valid header.
+pub(crate) fn finish_segment(dir: &Path, spare: Spare, first_seq: u64) -> Result<Mapping> {
+    let Spare {
+        index,
+        mut map,
+        tmp,
+    } = spare;
     let header = SegmentHeader {
         index,
         first_seq,
-        size,
+        size: map.len(),
     };
-    let written = file
-        .write_all_at(&header.to_bytes(), 0)
-        .and_then(|_| file.sync_all());
-    if let Err(source) = written {
+    let path = dir.join(segment_file_name(index));
+    map.write(0, &header.to_bytes());
+    if let Err(e) = map.flush(0, SEGMENT_HEADER_LEN as u64) {
+        drop(map);
         let _ = std::fs::remove_file(&tmp);
-        return Err(ReplayError::Io { path: tmp, source });
+        return Err(e);
     }
     std::fs::rename(&tmp, &path).at(&path)?;
     fsync_dir(dir)?;
-    Ok((file, path))
+    map.set_path(path);
+    Ok(map)
+}
+
+/// Creates segment `index` of `size` bytes in `dir` on the spot: [`prepare_segment`] without
+/// prefaulting, then [`finish_segment`].
+pub(crate) fn create_segment(dir: &Path, index: u64, first_seq: u64, size: u64) -> Result<Mapping> {
+    let spare = prepare_segment(dir, index, size, false)?;
+    finish_segment(dir, spare, first_seq)
 }
 
 /// Writes `bytes` to `path` through `path.tmp` + fsync + rename + directory fsync, so readers

@@ -16,9 +16,11 @@ use crate::header::{
     RecordHeader, RecordMeta, SegmentHeader, LEN_OFFSET, RECORD_HEADER_LEN, RECORD_MAGIC,
     SEAL_MAGIC, SEGMENT_HEADER_LEN,
 };
+use crate::helper::Helper;
 use crate::mmap::Mapping;
 use crate::segment::{
-    create_segment, list_segments, max_payload, record_size, scan_segment, segment_file_name,
+    create_segment, finish_segment, list_segments, max_payload, record_size, scan_segment,
+    segment_file_name,
 };
 
 /// Name of the lock file that makes each actor directory single-writer.
@@ -94,15 +96,32 @@ pub struct ReplayWriter {
     /// Bytes of the active segment up to here are msynced.
     synced_to: u64,
     next_seq: u64,
+    /// The active segment has its end marker (rolling to the next one failed, e.g. disk full).
+    sealed: bool,
     /// Live segments, oldest first: (index, first seq).
     segments: VecDeque<(u64, u64)>,
-    /// Sealed segments not msynced yet.
-    unsynced: Vec<(Mapping, u64)>,
+    /// This writer's mappings of its earlier, still live (sealed) segments, oldest first. Kept
+    /// until retention deletes the segment, then unmapped on the helper thread, so that freeing
+    /// the pages never happens in `append`.
+    old: VecDeque<OldSegment>,
+    /// Prepares the next segment and releases old mappings in the background.
+    helper: Helper,
     /// Last consumed position read from disk (retention follows it).
     consumed: u64,
     /// Last progress position read from disk (backpressure follows it).
     progress: u64,
     doorbell: Option<Doorbell>,
+}
+
+/// A sealed segment this writer still maps.
+#[derive(Debug)]
+struct OldSegment {
+    index: u64,
+    map: Mapping,
+    /// Bytes up to here are msynced.
+    synced_to: u64,
+    /// End of the written bytes.
+    end: u64,
 }
 
 fn lock(dir: &Path) -> Result<File> {
@@ -157,10 +176,9 @@ impl ReplayWriter {
             segments.push_back((index, h.first_seq));
         }
         let Some(&(last, _)) = segments.back() else {
-            let (file, path) = create_segment(&dir, 0, 0, opts.segment_size)?;
-            let map = Mapping::open_write(&file, &path)?;
+            let map = create_segment(&dir, 0, 0, opts.segment_size)?;
             segments.push_back((0, 0));
-            return Ok(ReplayWriter {
+            let mut writer = ReplayWriter {
                 dir,
                 opts,
                 _lock: lock,
@@ -169,12 +187,16 @@ impl ReplayWriter {
                 offset: SEGMENT_HEADER_LEN as u64,
                 synced_to: SEGMENT_HEADER_LEN as u64,
                 next_seq: 0,
+                sealed: false,
                 segments,
-                unsynced: Vec::new(),
+                old: VecDeque::new(),
+                helper: Helper::default(),
                 consumed: 0,
                 progress: 0,
                 doorbell,
-            });
+            };
+            writer.prepare_next();
+            return Ok(writer);
         };
         let path = dir.join(segment_file_name(last));
         let file = OpenOptions::new()
@@ -203,14 +225,18 @@ impl ReplayWriter {
             offset: scan.end,
             synced_to: scan.end,
             next_seq,
+            sealed: scan.sealed,
             segments,
-            unsynced: Vec::new(),
+            old: VecDeque::new(),
+            helper: Helper::default(),
             consumed: 0,
             progress: 0,
             doorbell,
         };
         if scan.sealed {
             writer.roll()?;
+        } else {
+            writer.prepare_next();
         }
         Ok(writer)
     }
@@ -243,8 +269,10 @@ impl ReplayWriter {
             )?;
         }
         let size = record_size(payload.len());
-        if self.offset + size + RECORD_HEADER_LEN as u64 > self.map.len() {
-            self.seal()?;
+        if self.sealed || self.offset + size + RECORD_HEADER_LEN as u64 > self.map.len() {
+            if !self.sealed {
+                self.seal();
+            }
             self.roll()?;
         }
         let seq = self.next_seq;
@@ -270,8 +298,9 @@ impl ReplayWriter {
 
     /// Makes every appended record durable (msync of the written ranges).
     pub fn sync(&mut self) -> Result<()> {
-        for (map, end) in self.unsynced.drain(..) {
-            map.flush(SEGMENT_HEADER_LEN as u64, end - SEGMENT_HEADER_LEN as u64)?;
+        for old in &mut self.old {
+            old.map.flush(old.synced_to, old.end - old.synced_to)?;
+            old.synced_to = old.end;
         }
         self.map
             .flush(self.synced_to, self.offset - self.synced_to)?;
@@ -279,10 +308,19 @@ impl ReplayWriter {
         Ok(())
     }
 
-    fn seal(&mut self) -> Result<()> {
+    fn seal(&mut self) {
         let header = RecordHeader::new(SEAL_MAGIC, self.next_seq, RecordMeta::default(), &[]);
         self.publish(&header, &[]);
-        Ok(())
+        self.sealed = true;
+    }
+
+    /// Asks the helper to prepare the segment after the active one, when one more segment
+    /// file fits within `max_segments` (the spare counts as one).
+    fn prepare_next(&mut self) {
+        if self.segments.len() < self.opts.max_segments {
+            self.helper
+                .prepare(self.dir.clone(), self.index + 1, self.opts.segment_size);
+        }
     }
 
     /// Starts the next segment, deleting consumed ones and waiting while `max_segments` are live.
@@ -294,16 +332,23 @@ impl ReplayWriter {
             || format!("max_segments = {max}"),
         )?;
         let index = self.index + 1;
-        let (file, path) = create_segment(&self.dir, index, self.next_seq, self.opts.segment_size)?;
-        let map = Mapping::open_write(&file, &path)?;
+        let map = match self.helper.take(index) {
+            Some(spare) => finish_segment(&self.dir, spare?, self.next_seq)?,
+            None => create_segment(&self.dir, index, self.next_seq, self.opts.segment_size)?,
+        };
         let old = std::mem::replace(&mut self.map, map);
-        if self.synced_to < self.offset {
-            self.unsynced.push((old, self.offset));
-        }
+        self.old.push_back(OldSegment {
+            index: self.index,
+            map: old,
+            synced_to: self.synced_to,
+            end: self.offset,
+        });
         self.segments.push_back((index, self.next_seq));
         self.index = index;
         self.offset = SEGMENT_HEADER_LEN as u64;
         self.synced_to = self.offset;
+        self.sealed = false;
+        self.prepare_next();
         Ok(())
     }
 
@@ -327,6 +372,11 @@ impl ReplayWriter {
                 Err(e) => return Err(e).at(&path),
             }
             self.segments.pop_front();
+            // Our mapping still holds the pages; dropping it frees them, off the append path.
+            while self.old.front().is_some_and(|o| o.index <= index) {
+                let old = self.old.pop_front().expect("checked");
+                self.helper.release(old.map);
+            }
         }
         Ok(())
     }
