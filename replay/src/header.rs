@@ -15,6 +15,27 @@
 //! ```
 //!
 //! A zero `len` means "nothing published here yet".
+//!
+//! The segment header:
+//!
+//! ```text
+//! 0  magic          [u8; 8]  SEGMENT_MAGIC
+//! 8  version        u32      SEGMENT_FORMAT_VERSION
+//! 12 header length  u32      SEGMENT_HEADER_LEN
+//! 16 index          u64
+//! 24 first_seq      u64
+//! 32 size           u64      file size
+//! 40 crc32c         u32      over bytes 0..40
+//! 44 (zero)         u32
+//! 48 published_end  u64      see below; not covered by the CRC
+//! 56 (zero)         u64
+//! ```
+//!
+//! `published_end` is the writer's high-water mark: the offset just after the last record (or
+//! end marker) it published, stored with release ordering after that record's `len`. A reader
+//! that finds a zero `len` at an offset below it knows the length was destroyed (corruption)
+//! rather than not written yet, and skips ahead instead of waiting for a segment that will not
+//! change. Segments written before this field existed hold zero there: no information.
 
 /// Size of a record header.
 pub const RECORD_HEADER_LEN: usize = 32;
@@ -30,6 +51,8 @@ pub const SEGMENT_MAGIC: [u8; 8] = *b"CASCRPL1";
 pub const SEGMENT_FORMAT_VERSION: u32 = 1;
 /// Offset of the `len` word inside a record header.
 pub const LEN_OFFSET: usize = 4;
+/// Offset of the `published_end` word inside the segment header (8-byte aligned).
+pub const PUBLISHED_END_OFFSET: usize = 48;
 
 /// What the caller says about a record; stored in its header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]

@@ -83,6 +83,11 @@ impl Helper {
         }
     }
 
+    /// Whether a segment is being prepared (or prepared and not taken yet).
+    pub(crate) fn is_pending(&self) -> bool {
+        self.pending.is_some()
+    }
+
     /// Starts preparing segment `index` unless one is already pending.
     pub(crate) fn prepare(&mut self, dir: PathBuf, index: u64, size: u64) {
         if self.pending.is_some() {

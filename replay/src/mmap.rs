@@ -15,11 +15,14 @@
 //!    CRC-valid record, which were never handed out).
 //!
 //! Offsets of `len` words are 4-byte aligned (records start at 8-byte aligned offsets and the
-//! mapping is page aligned), which is what `AtomicU32` needs.
+//! mapping is page aligned), which is what `AtomicU32` needs. The one other shared word of a
+//! segment, `published_end` in its header, is 8-byte aligned and only ever accessed as an
+//! `AtomicU64`; it is the single place where bytes are rewritten after publication, and it is
+//! outside every CRC.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use memmap2::{Advice, MmapOptions, MmapRaw};
@@ -145,6 +148,31 @@ impl Mapping {
         // aligned). The word lives as long as `&self`. All concurrent access to these words,
         // in any process, goes through atomics (invariant 3), so there is no non-atomic race.
         Some(unsafe { &*(self.raw.as_ptr().add(offset as usize) as *const AtomicU32) })
+    }
+
+    fn atomic_u64(&self, offset: u64) -> Option<&AtomicU64> {
+        if !offset.is_multiple_of(8) || offset.checked_add(8)? > self.len() {
+            return None;
+        }
+        // SAFETY: in bounds and 8-byte aligned (checked above; the mapping base is page
+        // aligned). The word lives as long as `&self`. The only such word is a segment's
+        // `published_end`, which every process accesses only through atomics.
+        Some(unsafe { &*(self.raw.as_ptr().add(offset as usize) as *const AtomicU64) })
+    }
+
+    /// Loads the `u64` at `offset` with `Acquire` ordering (0 when out of bounds or unaligned).
+    pub(crate) fn load_acquire_u64(&self, offset: u64) -> u64 {
+        self.atomic_u64(offset)
+            .map_or(0, |a| a.load(Ordering::Acquire))
+    }
+
+    /// Stores the `u64` at `offset` with `Release` ordering. Panics on an out-of-bounds or
+    /// unaligned offset (a writer bug).
+    pub(crate) fn store_release_u64(&mut self, offset: u64, value: u64) {
+        assert!(self.writable, "store on a read-only mapping");
+        self.atomic_u64(offset)
+            .expect("aligned in-bounds u64 word")
+            .store(value, Ordering::Release);
     }
 
     /// Loads the `u32` at `offset` with `Acquire` ordering (0 when out of bounds or unaligned,

@@ -8,10 +8,11 @@ use std::time::{Duration, Instant};
 use crate::cursor::{write_consumed, Cursor, Cursors};
 use crate::doorbell::Doorbell;
 use crate::error::{ReplayError, Result};
-use crate::header::{RecordMeta, RECORD_HEADER_LEN, SEGMENT_HEADER_LEN};
+use crate::header::{RecordMeta, PUBLISHED_END_OFFSET, RECORD_HEADER_LEN, SEGMENT_HEADER_LEN};
 use crate::mmap::Mapping;
 use crate::segment::{
-    check_header, list_segments, read_slot, resync, segment_file_name, Corruption, Slot,
+    check_header, list_segments, read_slot, resync, resync_range, segment_file_name, Corruption,
+    Slot,
 };
 
 /// Reader settings.
@@ -83,6 +84,9 @@ struct Stream {
     map: Option<Arc<Mapping>>,
     /// Segment whose damaged header was already reported.
     bad_segment: Option<u64>,
+    /// A search past a bad slot of the active segment that found nothing yet: (segment, bad
+    /// offset, searched up to). The next poll resumes there instead of searching again.
+    searched: Option<(u64, u64, u64)>,
 }
 
 impl Stream {
@@ -173,6 +177,22 @@ impl Stream {
         self.dir.join(segment_file_name(index + 1)).exists()
     }
 
+    /// For a bad slot at the cursor in the active segment: the first valid record after it
+    /// among those the writer has published (below `published_end`). Remembers how far it
+    /// looked, so that polls waiting for the writer do not search the same bytes again.
+    fn search_published(&mut self, map: &Mapping, cur: Cursor, end: u64) -> Option<u64> {
+        let from = match self.searched {
+            Some((segment, bad, upto)) if segment == cur.segment && bad == cur.offset => upto,
+            _ => cur.offset + 8,
+        };
+        let (found, upto) = resync_range(map, from, end, cur.next_seq);
+        self.searched = match found {
+            Some(_) => None,
+            None => Some((cur.segment, cur.offset, upto)),
+        };
+        found
+    }
+
     /// Moves to the next segment if it exists.
     fn advance(&mut self) -> Result<bool> {
         let c = self.cursor.expect("advance with a cursor");
@@ -232,9 +252,34 @@ impl Stream {
                     }
                 }
                 Slot::Empty => {
-                    // Normal end of data, unless the writer has already moved on.
+                    // Normal end of data, unless the writer has already moved on...
                     if !self.next_exists(cur.segment) {
-                        return Ok(None);
+                        // ...or has published beyond this offset: then the zero length is
+                        // damage, and the records after it are not held back by it. (Read
+                        // the high-water mark first, then look at the slot again: a record
+                        // published in between is seen then.)
+                        let end = map.load_acquire_u64(PUBLISHED_END_OFFSET as u64);
+                        if end <= cur.offset {
+                            return Ok(None);
+                        }
+                        if read_slot(&map, cur.offset) != Slot::Empty {
+                            continue;
+                        }
+                        match self.search_published(&map, cur, end) {
+                            Some(at) => {
+                                self.report(
+                                    corruptions,
+                                    &map,
+                                    cur.offset,
+                                    "zeroed record length before published records",
+                                );
+                                self.cursor = Some(Cursor { offset: at, ..cur });
+                                continue;
+                            }
+                            // The damaged record is the last one published so far: the next
+                            // one will be found past it.
+                            None => return Ok(None),
+                        }
                     }
                     // The end marker may have landed after the first look.
                     if read_slot(&map, cur.offset) != Slot::Empty {
@@ -266,13 +311,20 @@ impl Stream {
                         Slot::Corrupt(r) => r,
                         _ => "sequence number goes backwards",
                     };
-                    match resync(&map, cur.offset, cur.next_seq) {
+                    let active = !self.next_exists(cur.segment);
+                    let end = map.load_acquire_u64(PUBLISHED_END_OFFSET as u64);
+                    let found = if active && end > cur.offset {
+                        self.search_published(&map, cur, end)
+                    } else {
+                        resync(&map, cur.offset, cur.next_seq)
+                    };
+                    match found {
                         Some(at) => {
                             self.report(corruptions, &map, cur.offset, reason);
                             self.cursor = Some(Cursor { offset: at, ..cur });
                         }
                         // Possibly a live writer's next records are still to come; decide later.
-                        None if !self.next_exists(cur.segment) => return Ok(None),
+                        None if active => return Ok(None),
                         None => {
                             self.report(corruptions, &map, cur.offset, reason);
                             self.advance()?;
@@ -362,6 +414,7 @@ impl ReplayReader {
                 cursor,
                 map: None,
                 bad_segment: None,
+                searched: None,
             });
         }
         Ok(())

@@ -240,14 +240,22 @@ pub(crate) fn read_slot(map: &Mapping, offset: u64) -> Slot {
 /// After a corrupt slot at `offset`, the next 8-byte aligned offset holding a valid record or
 /// seal whose seq is at least `min_seq`, if any.
 pub(crate) fn resync(map: &Mapping, offset: u64, min_seq: u64) -> Option<u64> {
-    let mut at = offset + 8;
-    while at + RECORD_HEADER_LEN as u64 <= map.len() {
+    resync_range(map, offset + 8, map.len(), min_seq).0
+}
+
+/// The first 8-byte aligned offset in `from..end` (a record header must fit before `end`)
+/// holding a valid record or seal whose seq is at least `min_seq`; otherwise `None` and the
+/// offset where the search stopped (to resume it there once `end` grows).
+pub(crate) fn resync_range(map: &Mapping, from: u64, end: u64, min_seq: u64) -> (Option<u64>, u64) {
+    let end = end.min(map.len());
+    let mut at = from;
+    while at + RECORD_HEADER_LEN as u64 <= end {
         match read_slot(map, at) {
-            Slot::Record(h) | Slot::Seal(h) if h.seq >= min_seq => return Some(at),
+            Slot::Record(h) | Slot::Seal(h) if h.seq >= min_seq => return (Some(at), at),
             _ => at += 8,
         }
     }
-    None
+    (None, at)
 }
 
 /// A corrupt or torn region found in a segment.

@@ -13,8 +13,8 @@ use crate::cursor::{read_min_consumed, read_min_progress};
 use crate::doorbell::Doorbell;
 use crate::error::{IoContext, ReplayError, Result};
 use crate::header::{
-    RecordHeader, RecordMeta, SegmentHeader, LEN_OFFSET, RECORD_HEADER_LEN, RECORD_MAGIC,
-    SEAL_MAGIC, SEGMENT_HEADER_LEN,
+    RecordHeader, RecordMeta, SegmentHeader, LEN_OFFSET, PUBLISHED_END_OFFSET, RECORD_HEADER_LEN,
+    RECORD_MAGIC, SEAL_MAGIC, SEGMENT_HEADER_LEN,
 };
 use crate::helper::Helper;
 use crate::mmap::Mapping;
@@ -195,7 +195,6 @@ impl ReplayWriter {
                 progress: 0,
                 doorbell,
             };
-            writer.prepare_next();
             return Ok(writer);
         };
         let path = dir.join(segment_file_name(last));
@@ -216,6 +215,8 @@ impl ReplayWriter {
             .map_or(header.first_seq, |(_, h)| h.seq + 1);
         zero_from(&mut map, scan.end);
         map.flush(scan.end, map.len() - scan.end)?;
+        // The high-water mark of the crashed writer may be ahead of what survived.
+        map.store_release_u64(PUBLISHED_END_OFFSET as u64, scan.end);
         let mut writer = ReplayWriter {
             dir,
             opts,
@@ -235,8 +236,6 @@ impl ReplayWriter {
         };
         if scan.sealed {
             writer.roll()?;
-        } else {
-            writer.prepare_next();
         }
         Ok(writer)
     }
@@ -275,6 +274,9 @@ impl ReplayWriter {
             }
             self.roll()?;
         }
+        if self.offset >= self.map.len() / 4 && !self.helper.is_pending() {
+            self.prepare_next();
+        }
         let seq = self.next_seq;
         let header = RecordHeader::new(RECORD_MAGIC, seq, meta, payload);
         self.publish(&header, payload);
@@ -282,7 +284,8 @@ impl ReplayWriter {
         Ok(seq)
     }
 
-    /// Writes header (except `len`) and payload, then stores `len` with release ordering.
+    /// Writes header (except `len`) and payload, then stores `len` with release ordering, then
+    /// the segment's `published_end`.
     fn publish(&mut self, header: &RecordHeader, payload: &[u8]) {
         let bytes = header.to_bytes();
         let at = self.offset;
@@ -291,6 +294,8 @@ impl ReplayWriter {
         self.map.write(at + 8, &bytes[8..]);
         self.map.store_release(at + LEN_OFFSET as u64, header.len);
         self.offset += header.padded_len();
+        self.map
+            .store_release_u64(PUBLISHED_END_OFFSET as u64, self.offset);
         if let Some(bell) = &self.doorbell {
             bell.ring();
         }
@@ -315,7 +320,9 @@ impl ReplayWriter {
     }
 
     /// Asks the helper to prepare the segment after the active one, when one more segment
-    /// file fits within `max_segments` (the spare counts as one).
+    /// file fits within `max_segments` (the spare counts as one). Called once the active
+    /// segment is a quarter full: a writer that stops early never pays for a spare, and the
+    /// spare's prefaulted (dirty, zero) pages wait less long for the records.
     fn prepare_next(&mut self) {
         if self.segments.len() < self.opts.max_segments {
             self.helper
@@ -348,7 +355,6 @@ impl ReplayWriter {
         self.offset = SEGMENT_HEADER_LEN as u64;
         self.synced_to = self.offset;
         self.sealed = false;
-        self.prepare_next();
         Ok(())
     }
 

@@ -187,3 +187,113 @@ fn feed(bytes: &[u8]) {
     let _ = inspect(root.path());
     let _ = cascade_replay::dump(root.path(), 10);
 }
+
+/// The active segment (the writer has not moved on) with `n` records, the writer kept open, and
+/// the offsets of the records.
+fn active_log(root: &Path, n: u64) -> (ReplayWriter, std::path::PathBuf, Vec<u64>) {
+    let dir = root.join("actor-0");
+    let mut w = ReplayWriter::open(&dir, small_writer(1 << 20)).unwrap();
+    for seq in 0..n {
+        w.append(
+            RecordMeta::default(),
+            &payload(0, seq, payload_len(0, seq, 16, 2000)),
+        )
+        .unwrap();
+    }
+    let segs = list_segments(&dir).unwrap();
+    assert_eq!(segs.len(), 1, "everything in the active segment");
+    let offsets = cascade_replay::dump(root, usize::MAX)
+        .unwrap()
+        .iter()
+        .map(|r| r.offset)
+        .collect();
+    (w, segs[0].1.clone(), offsets)
+}
+
+fn zero_len(path: &Path, record_offset: u64) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.write_all_at(&[0u8; 4], record_offset + 4).unwrap();
+}
+
+fn append(w: &mut ReplayWriter, seqs: std::ops::Range<u64>) {
+    for seq in seqs {
+        let s = w
+            .append(
+                RecordMeta::default(),
+                &payload(0, seq, payload_len(0, seq, 16, 2000)),
+            )
+            .unwrap();
+        assert_eq!(s, seq);
+    }
+}
+
+fn poll_all(reader: &mut ReplayReader) -> Vec<u64> {
+    let mut seqs = Vec::new();
+    loop {
+        let batch = reader.poll(Duration::from_millis(1)).unwrap();
+        if batch.is_empty() {
+            return seqs;
+        }
+        for r in &batch {
+            check(0, r);
+            seqs.push(r.seq);
+        }
+    }
+}
+
+/// A zeroed length in the middle of the active segment: the records after it are delivered
+/// at once (the writer's published end shows they exist), the damage is reported once, and
+/// later appends keep flowing.
+#[test]
+fn zeroed_length_in_the_active_segment_does_not_stall_the_reader() {
+    let root = tempfile::tempdir().unwrap();
+    let (mut w, path, offsets) = active_log(root.path(), 20);
+    zero_len(&path, offsets[5]);
+    let mut reader = ReplayReader::open(root.path(), Default::default(), None).unwrap();
+    let seqs = poll_all(&mut reader);
+    let expected: Vec<u64> = (0..20).filter(|&s| s != 5).collect();
+    assert_eq!(seqs, expected);
+    assert_eq!(reader.corruptions().len(), 1);
+    assert_eq!(reader.corruptions()[0].offset, offsets[5]);
+    assert_eq!(reader.corruptions()[0].path, path);
+    assert_eq!(
+        reader.corruptions()[0].reason,
+        "zeroed record length before published records"
+    );
+    append(&mut w, 20..25);
+    assert_eq!(poll_all(&mut reader), (20..25).collect::<Vec<_>>());
+    assert_eq!(reader.corruptions().len(), 1, "reported once");
+}
+
+/// The last published record's length zeroed: nothing after it yet, so the reader waits
+/// (quietly, without searching the same bytes on every poll); the next append is delivered.
+#[test]
+fn zeroed_length_of_the_last_record_waits_for_the_next_one() {
+    let root = tempfile::tempdir().unwrap();
+    let (mut w, path, offsets) = active_log(root.path(), 10);
+    zero_len(&path, offsets[9]);
+    let mut reader = ReplayReader::open(root.path(), Default::default(), None).unwrap();
+    assert_eq!(poll_all(&mut reader), (0..9).collect::<Vec<_>>());
+    assert!(poll_all(&mut reader).is_empty());
+    assert!(reader.corruptions().is_empty());
+    append(&mut w, 10..12);
+    assert_eq!(poll_all(&mut reader), vec![10, 11]);
+    assert_eq!(reader.corruptions().len(), 1);
+    assert_eq!(reader.corruptions()[0].offset, offsets[9]);
+}
+
+/// A reader at the real end of the data of a live writer never mistakes it for damage.
+#[test]
+fn end_of_data_of_a_live_writer_is_not_corruption() {
+    let root = tempfile::tempdir().unwrap();
+    let (mut w, _, _) = active_log(root.path(), 3);
+    let mut reader = ReplayReader::open(root.path(), Default::default(), None).unwrap();
+    let mut got = poll_all(&mut reader);
+    for seq in 3..200 {
+        append(&mut w, seq..seq + 1);
+        got.extend(poll_all(&mut reader));
+    }
+    assert_eq!(got, (0..200).collect::<Vec<_>>());
+    assert!(reader.corruptions().is_empty());
+}
