@@ -178,7 +178,7 @@ impl ReplayWriter {
         let Some(&(last, _)) = segments.back() else {
             let map = create_segment(&dir, 0, 0, opts.segment_size)?;
             segments.push_back((0, 0));
-            let mut writer = ReplayWriter {
+            return Ok(ReplayWriter {
                 dir,
                 opts,
                 _lock: lock,
@@ -194,8 +194,7 @@ impl ReplayWriter {
                 consumed: 0,
                 progress: 0,
                 doorbell,
-            };
-            return Ok(writer);
+            });
         };
         let path = dir.join(segment_file_name(last));
         let file = OpenOptions::new()
