@@ -217,6 +217,10 @@ pub(crate) fn read_slot(map: &Mapping, offset: u64) -> Slot {
     if (header.len as usize) < RECORD_HEADER_LEN {
         return Slot::Corrupt("record length shorter than its header");
     }
+    if header.seq == u64::MAX {
+        // Never written (a writer stops before), and `seq + 1` must not overflow.
+        return Slot::Corrupt("sequence number out of range");
+    }
     if header.magic == SEAL_MAGIC && header.len as usize != RECORD_HEADER_LEN {
         return Slot::Corrupt("end marker with a payload");
     }

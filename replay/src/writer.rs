@@ -212,6 +212,10 @@ impl ReplayWriter {
             .records
             .last()
             .map_or(header.first_seq, |(_, h)| h.seq + 1);
+        // A segment whose file size differs from its header (truncated or extended), or with no
+        // room left for an end marker, is not written to again: the writer moves on to a new
+        // one, and readers see this one end without a marker.
+        let damaged = header.size != map.len() || scan.end + RECORD_HEADER_LEN as u64 > map.len();
         zero_from(&mut map, scan.end);
         map.flush(scan.end, map.len() - scan.end)?;
         // The high-water mark of the crashed writer may be ahead of what survived.
@@ -225,7 +229,7 @@ impl ReplayWriter {
             offset: scan.end,
             synced_to: scan.end,
             next_seq,
-            sealed: scan.sealed,
+            sealed: scan.sealed || damaged,
             segments,
             old: VecDeque::new(),
             helper: Helper::default(),
@@ -233,7 +237,7 @@ impl ReplayWriter {
             progress: 0,
             doorbell,
         };
-        if scan.sealed {
+        if writer.sealed {
             writer.roll()?;
         }
         Ok(writer)
@@ -265,6 +269,13 @@ impl ReplayWriter {
                 |w| w.next_seq < w.progress + limit,
                 || format!("max_inflight = {limit}"),
             )?;
+        }
+        if self.next_seq == u64::MAX {
+            // Only a damaged (or forged) log resumes this far; readers reject this seq.
+            return Err(ReplayError::BadSegment {
+                path: self.map.path().to_path_buf(),
+                reason: "sequence numbers exhausted".into(),
+            });
         }
         let size = record_size(payload.len());
         if self.sealed || self.offset + size + RECORD_HEADER_LEN as u64 > self.map.len() {
