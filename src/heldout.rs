@@ -102,7 +102,14 @@ pub fn evaluate_run(
             continue;
         }
         let rm_dir = config.reward_model_dir(i, run_dir);
-        let verifier = verifier_for(stage.kind, &stage.verifier, rm_dir.as_deref(), &device)
+        let judge = stage.verifier.swe_judge.as_ref().map(|p| config.resolve(p));
+        let verifier = verifier_for(
+            stage.kind,
+            &stage.verifier,
+            rm_dir.as_deref(),
+            judge.as_deref(),
+            &device,
+        )
             .with_context(|| format!("the verifier of stage {}", stage.name))?;
         domains.push(Domain {
             name: stage.kind.as_str().to_string(),

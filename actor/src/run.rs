@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use candle_core::Device;
 use cascade_replay::WriterOptions;
-use cascade_rewards::code::CodeConfig;
+use cascade_rewards::code::{CodeConfig, SandboxConfig};
 use cascade_rewards::ifeval::{IfEvalConfig, IfEvalMode};
 use cascade_rewards::math::MathConfig;
 use cascade_rewards::{CodeVerifier, IfEvalVerifier, MathVerifier, SweVerifier, Verifier};
@@ -22,6 +22,7 @@ use cascade_shared::{Mode, StageKind};
 use crate::dataset::Dataset;
 use crate::engine::{Engine, GenParams, Job};
 use crate::error::{ActorError, Result};
+use crate::judge::JudgeScorer;
 use crate::reward_model::RewardModel;
 use crate::rewards::{Detokenize, GroupContext, PipelineStats, RewardPipeline, ScoreTask};
 use crate::sampler::philox::{uniform_bits, uniform_f32};
@@ -111,10 +112,13 @@ pub fn choose_mode(seed: u64, prompt_id: u64, epoch: u64, mode_mix: f64) -> Mode
 
 /// The verifier of a domain with the stage's verifier options; `rm_dir` is the reward-model
 /// checkpoint (needed by `rlhf`).
+/// The verifier of a stage kind. `rm_dir` is the reward model (rlhf), `judge_dir` the SWE judge
+/// model (resolved paths; `None`: no judge, the lexical fallback).
 pub fn verifier_for(
     kind: StageKind,
     v: &VerifierConfig,
     rm_dir: Option<&Path>,
+    judge_dir: Option<&Path>,
     device: &Device,
 ) -> Result<Arc<dyn Verifier>> {
     Ok(match kind {
@@ -133,11 +137,17 @@ pub fn verifier_for(
         StageKind::Code => Arc::new(
             CodeVerifier::new(CodeConfig {
                 default_timeout_s: v.code_timeout_s,
-                ..CodeConfig::default()
+                sandbox: SandboxConfig {
+                    address_space_bytes: v.code_memory_mb.saturating_mul(1 << 20),
+                    ..SandboxConfig::default()
+                },
             })
             .map_err(|e| ActorError::Invalid(format!("code verifier: {e}")))?,
         ),
-        StageKind::Swe => Arc::new(SweVerifier::default()),
+        StageKind::Swe => match judge_dir {
+            Some(dir) => Arc::new(SweVerifier::new(Box::new(JudgeScorer::load(dir, device)?))),
+            None => Arc::new(SweVerifier::default()),
+        },
         StageKind::Rlhf => {
             let dir = rm_dir.ok_or_else(|| {
                 ActorError::Invalid("the rlhf verifier needs a reward model".into())
@@ -186,7 +196,14 @@ pub fn build_verifier(
             std::thread::sleep(Duration::from_millis(200));
         }
     }
-    verifier_for(stage.kind, &stage.verifier, rm_dir.as_deref(), device)
+    let judge = stage.verifier.swe_judge.as_ref().map(|p| config.resolve(p));
+    verifier_for(
+        stage.kind,
+        &stage.verifier,
+        rm_dir.as_deref(),
+        judge.as_deref(),
+        device,
+    )
 }
 
 /// The settings of the stage the actor works on.

@@ -1,4 +1,4 @@
-//! Code: one-line Python functions ("Write a Python function add3(x) that returns x plus 3."),
+//! Code: one-line Python functions ("Write a Python function plus3(x) that returns x plus 3."),
 //! checked HumanEval-style with `test_code` (a `check(candidate)` of a few asserts) and
 //! `entry_point`. The gold answer is a fenced block tagged `python` holding a two-line function;
 //! the thinking names the return expression. [`FnSpec`] is shared with the SWE domain, whose
@@ -88,8 +88,8 @@ pub struct FnSpec {
     pub body: Body,
 }
 
-const UNARY_PARAMS: [&str; 4] = ["x", "n", "a", "v"];
-const BINARY_PARAMS: [(&str, &str); 3] = [("a", "b"), ("x", "y"), ("m", "n")];
+const UNARY_PARAM: &str = "x";
+const BINARY_PARAMS: (&str, &str) = ("a", "b");
 const UNARY_INPUTS: [i64; 6] = [0, 1, 4, -3, 7, 10];
 const BINARY_INPUTS: [(i64, i64); 4] = [(2, 5), (7, 3), (-1, -4), (0, 6)];
 
@@ -99,8 +99,8 @@ impl FnSpec {
         let roll = rng.random_range(0..100);
         let body = if roll < 45 {
             match rng.random_range(0..3) {
-                0 => Body::Affine(Op::Plus, rng.random_range(1..=9)),
-                1 => Body::Affine(Op::Minus, rng.random_range(1..=9)),
+                0 => Body::Affine(Op::Plus, rng.random_range(1..=19)),
+                1 => Body::Affine(Op::Minus, rng.random_range(1..=19)),
                 _ => Body::Affine(Op::Times, rng.random_range(2..=9)),
             }
         } else if roll < 70 {
@@ -127,38 +127,33 @@ impl FnSpec {
                 ],
             )
         };
-        let names: Vec<String> = match body {
-            Body::Affine(Op::Plus, k) => {
-                vec![format!("add{k}"), format!("plus{k}"), format!("inc{k}")]
-            }
-            Body::Affine(Op::Minus, k) => {
-                vec![format!("sub{k}"), format!("minus{k}"), format!("dec{k}")]
-            }
-            Body::Affine(Op::Times, k) => {
-                vec![format!("mul{k}"), format!("times{k}"), format!("scale{k}")]
-            }
-            Body::Even => vec!["is_even".into(), "even".into()],
-            Body::Odd => vec!["is_odd".into(), "odd".into()],
-            Body::Positive => vec!["is_pos".into(), "positive".into()],
-            Body::Negative => vec!["is_neg".into(), "negative".into()],
-            Body::Zero => vec!["is_zero".into(), "zero".into()],
-            Body::Over(k) => vec![format!("over{k}"), format!("gt{k}")],
-            Body::Under(k) => vec![format!("under{k}"), format!("lt{k}")],
-            Body::Square => vec!["square".into(), "sq".into()],
-            Body::Double => vec!["double".into(), "twice".into()],
-            Body::Negate => vec!["negate".into(), "neg".into()],
-            Body::Sum => vec!["add".into(), "total".into()],
-            Body::Difference => vec!["sub".into(), "diff".into()],
-            Body::Product => vec!["mul".into(), "prod".into()],
-            Body::Larger => vec!["big".into(), "larger".into()],
-            Body::Smaller => vec!["small".into(), "smaller".into()],
+        // The name is a function of the body (`times4` for `x * 4`) and the parameters are fixed,
+        // so writing the function means reading what to compute, not copying arbitrary names:
+        // a model of the tiny default's size learns the one, not the other, in its SFT budget.
+        let name = match body {
+            Body::Affine(Op::Plus, k) => format!("plus{k}"),
+            Body::Affine(Op::Minus, k) => format!("minus{k}"),
+            Body::Affine(Op::Times, k) => format!("times{k}"),
+            Body::Even => "is_even".into(),
+            Body::Odd => "is_odd".into(),
+            Body::Positive => "is_positive".into(),
+            Body::Negative => "is_negative".into(),
+            Body::Zero => "is_zero".into(),
+            Body::Over(k) => format!("over{k}"),
+            Body::Under(k) => format!("under{k}"),
+            Body::Square => "square".into(),
+            Body::Double => "double".into(),
+            Body::Negate => "negate".into(),
+            Body::Sum => "add".into(),
+            Body::Difference => "subtract".into(),
+            Body::Product => "multiply".into(),
+            Body::Larger => "larger".into(),
+            Body::Smaller => "smaller".into(),
         };
-        let name = pick(rng, &names).clone();
         let params = if body.arity() == 1 {
-            vec![*pick(rng, &UNARY_PARAMS)]
+            vec![UNARY_PARAM]
         } else {
-            let (a, b) = *pick(rng, &BINARY_PARAMS);
-            vec![a, b]
+            vec![BINARY_PARAMS.0, BINARY_PARAMS.1]
         };
         FnSpec { name, params, body }
     }
@@ -320,10 +315,17 @@ impl Body {
     }
 }
 
-const TEMPLATES: [&str; 3] = [
+const TEMPLATES: [&str; 10] = [
     "Write a Python function {sig} that returns {desc}.",
     "Define {sig} in Python to return {desc}.",
     "In Python, write {sig} returning {desc}.",
+    "Implement {sig} in Python: it returns {desc}.",
+    "Python task: {sig} should return {desc}.",
+    "Give a Python function {sig} returning {desc}.",
+    "Code {sig} in Python so it returns {desc}.",
+    "Write {sig} in Python. It returns {desc}.",
+    "Make a Python function {sig} that gives {desc}.",
+    "Create {sig} in Python returning {desc}.",
 ];
 
 /// The gold answer for `spec`: its source in a fence tagged `python`.

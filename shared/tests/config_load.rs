@@ -297,6 +297,33 @@ fn check_files_names_the_missing_one() {
 }
 
 #[test]
+fn swe_judge_and_sandbox_memory_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("ckpt")).unwrap();
+    std::fs::write(dir.path().join("swe.jsonl"), "{}\n").unwrap();
+    let text = MINIMAL
+        .replace("kind = \"math\"", "kind = \"swe\"")
+        .replace("math.jsonl", "swe.jsonl")
+        + "verifier = { swe_judge = \"judge\" }\n";
+    let file = dir.path().join("run.toml");
+    std::fs::write(&file, &text).unwrap();
+    let cfg = RunConfig::load(&file, &[]).unwrap();
+    assert_eq!(
+        cfg.stages[0].verifier.swe_judge.as_deref(),
+        Some(Path::new("judge"))
+    );
+    let e = cfg.check_files().unwrap_err().to_string();
+    assert!(e.contains("stages[0].verifier.swe_judge"), "{e}");
+    std::fs::create_dir(dir.path().join("judge")).unwrap();
+    cfg.check_files().unwrap();
+
+    let e = parse(&(MINIMAL.to_string() + "verifier = { code_memory_mb = 8 }\n"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("code_memory_mb"), "{e}");
+}
+
+#[test]
 fn missing_config_file_names_it() {
     let e = RunConfig::load("/no/such/run.toml", &[])
         .unwrap_err()

@@ -29,6 +29,9 @@ pub struct EvalArgs {
     /// Reward model directory (rlhf).
     #[arg(long)]
     pub reward_model: Option<PathBuf>,
+    /// Judge model directory for the SWE semantic score (else the lexical ratio).
+    #[arg(long)]
+    pub judge: Option<PathBuf>,
     /// Mode: think | no_think (default: half and half, drawn per prompt).
     #[arg(long)]
     pub mode: Option<String>,
@@ -113,6 +116,7 @@ pub fn run(args: EvalArgs) -> anyhow::Result<i32> {
         kind,
         &VerifierConfig::default(),
         args.reward_model.as_deref(),
+        args.judge.as_deref(),
         &device,
     )?;
     let result = evaluate(

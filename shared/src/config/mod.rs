@@ -232,6 +232,9 @@ impl RunConfig {
             if let Some(rm) = &s.verifier.reward_model {
                 files.push((format!("stages[{i}].verifier.reward_model"), rm));
             }
+            if let Some(judge) = &s.verifier.swe_judge {
+                files.push((format!("stages[{i}].verifier.swe_judge"), judge));
+            }
         }
         if let Some(rm) = &self.reward_model {
             files.push(("reward_model.dataset".into(), &rm.dataset));

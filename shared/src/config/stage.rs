@@ -97,8 +97,12 @@ pub struct VerifierConfig {
     pub if_strictness: IfStrictness,
     /// Code: wall-clock limit of one test run, in seconds.
     pub code_timeout_s: f64,
-    /// Code: memory limit of the sandboxed process, in MiB.
+    /// Code: address-space limit of the sandboxed process, in MiB.
     pub code_memory_mb: u64,
+    /// SWE: a judge model's checkpoint directory. The semantic score of a patch that is neither
+    /// empty, unparsable nor identical to the gold is the judge's P(YES) to "do these two
+    /// patches fix the same issue?"; without a judge it falls back to the lexical ratio.
+    pub swe_judge: Option<PathBuf>,
     /// Reward-model checkpoint directory (RLHF; IF when `rm_weight` > 0).
     pub reward_model: Option<PathBuf>,
     /// Weight of the reward-model score in the reward.
@@ -115,6 +119,7 @@ impl Default for VerifierConfig {
             if_strictness: IfStrictness::Strict,
             code_timeout_s: 10.0,
             code_memory_mb: 1024,
+            swe_judge: None,
             reward_model: None,
             rm_weight: 0.0,
             rule_weight: 1.0,
@@ -426,6 +431,12 @@ impl StageConfig {
         let key = |k: &str| format!("{at}.verifier.{k}");
         if !(v.code_timeout_s > 0.0 && v.code_timeout_s.is_finite()) {
             return Err(invalid(key("code_timeout_s"), "must be > 0"));
+        }
+        if v.code_memory_mb < 64 {
+            return Err(invalid(
+                key("code_memory_mb"),
+                "must be ≥ 64 (the Python interpreter alone needs tens of MiB)",
+            ));
         }
         if !non_negative(v.math_rel_tol) {
             return Err(invalid(key("math_rel_tol"), "must be ≥ 0"));
