@@ -13,7 +13,7 @@ fn cascade() -> Command {
 }
 
 const MODEL: &str = r#"{
-  "model_type": "qwen3", "vocab_size": 288, "hidden_size": 32, "intermediate_size": 64,
+  "model_type": "qwen3", "vocab_size": 1024, "hidden_size": 32, "intermediate_size": 64,
   "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
   "max_position_embeddings": 512, "rope_theta": 10000.0, "rms_norm_eps": 1e-6,
   "tie_word_embeddings": true, "initializer_range": 0.02
@@ -24,7 +24,7 @@ fn config(rl_steps: usize, max_staleness: u64) -> String {
     let mut s = format!(
         r#"
 [model]
-init = {{ config = "model.json", seed = 1 }}
+init = {{ config = "model.json", tokenizer = "data/tokenizer/tokenizer.json", seed = 1 }}
 [actor]
 gen_batch = 4
 max_new_tokens = 24

@@ -13,7 +13,8 @@ use cascade_rewards::code::{CodeConfig, SandboxConfig};
 use cascade_rewards::ifeval::{IfEvalConfig, IfEvalMode};
 use cascade_rewards::math::MathConfig;
 use cascade_rewards::{CodeVerifier, IfEvalVerifier, MathVerifier, SweVerifier, Verifier};
-use cascade_shared::chat::Chat;
+use cascade_shared::chat::{Chat, ChatTemplate};
+use cascade_shared::tokenizer::Tokenizer;
 use cascade_shared::config::{IfStrictness, RunConfig, StageConfig, VerifierConfig};
 use cascade_shared::model::{compute_dtype, load_model, random_weights, CausalLm, ModelConfig};
 use cascade_shared::transport::{ReplaySink, RolloutSink};
@@ -401,7 +402,16 @@ fn initial_model(opts: &ActorOptions) -> Result<(CausalLm, Chat)> {
         .map(|(k, t)| Ok((k, t.to_dtype(compute_dtype(&opts.device))?)))
         .collect::<Result<HashMap<_, _>>>()?;
     let tok_dir = match &init.tokenizer {
-        Some(t) => opts.config.resolve(t),
+        // A `tokenizer.json` file (with its `tokenizer_config.json` beside it, if any).
+        Some(t) => {
+            let tokenizer = Tokenizer::from_file(opts.config.resolve(t))
+                .map_err(cascade_shared::chat::ChatError::from)?;
+            let template = ChatTemplate::from_tokenizer_config(tokenizer.config())?;
+            return Ok((
+                CausalLm::from_tensors(&cfg, &w)?,
+                Chat::new(tokenizer, template),
+            ));
+        }
         None => {
             let d = opts
                 .run_dir

@@ -1,4 +1,4 @@
-//! Code: one-line Python functions ("Write a Python function plus3(x) that returns x plus 3."),
+//! Code: one-line Python functions ("Write a Python function f(x) that returns x plus 3."),
 //! checked HumanEval-style with `test_code` (a `check(candidate)` of a few asserts) and
 //! `entry_point`. The gold answer is a fenced block tagged `python` holding a two-line function;
 //! the thinking names the return expression. [`FnSpec`] is shared with the SWE domain, whose
@@ -88,6 +88,7 @@ pub struct FnSpec {
     pub body: Body,
 }
 
+const FN_NAME: &str = "f";
 const UNARY_PARAM: &str = "x";
 const BINARY_PARAMS: (&str, &str) = ("a", "b");
 const UNARY_INPUTS: [i64; 6] = [0, 1, 4, -3, 7, 10];
@@ -127,29 +128,11 @@ impl FnSpec {
                 ],
             )
         };
-        // The name is a function of the body (`times4` for `x * 4`) and the parameters are fixed,
-        // so writing the function means reading what to compute, not copying arbitrary names:
-        // a model of the tiny default's size learns the one, not the other, in its SFT budget.
-        let name = match body {
-            Body::Affine(Op::Plus, k) => format!("plus{k}"),
-            Body::Affine(Op::Minus, k) => format!("minus{k}"),
-            Body::Affine(Op::Times, k) => format!("times{k}"),
-            Body::Even => "is_even".into(),
-            Body::Odd => "is_odd".into(),
-            Body::Positive => "is_positive".into(),
-            Body::Negative => "is_negative".into(),
-            Body::Zero => "is_zero".into(),
-            Body::Over(k) => format!("over{k}"),
-            Body::Under(k) => format!("under{k}"),
-            Body::Square => "square".into(),
-            Body::Double => "double".into(),
-            Body::Negate => "negate".into(),
-            Body::Sum => "add".into(),
-            Body::Difference => "subtract".into(),
-            Body::Product => "multiply".into(),
-            Body::Larger => "larger".into(),
-            Body::Smaller => "smaller".into(),
-        };
+        // Every function is `f` with fixed parameters, so writing it means reading what to
+        // compute, not copying names: a model of the tiny default's size does not learn to copy
+        // arbitrary identifiers in its SFT budget (with names drawn per task, held-out code
+        // stayed at 0 % after SFT and gave RL no signal).
+        let name = FN_NAME.to_string();
         let params = if body.arity() == 1 {
             vec![UNARY_PARAM]
         } else {

@@ -204,6 +204,13 @@ fn initial_policy(opts: &LearnerOptions) -> Result<(Policy, TokenizerFiles)> {
             let src = config.resolve(t);
             let dst = tok_dir.join("tokenizer.json");
             std::fs::copy(&src, &dst).map_err(|e| LearnerError::io(&src, e))?;
+            // Its chat template and special-token settings, when they sit beside it.
+            let src_config = src.with_file_name("tokenizer_config.json");
+            if src_config.is_file() {
+                let dst_config = tok_dir.join("tokenizer_config.json");
+                std::fs::copy(&src_config, &dst_config)
+                    .map_err(|e| LearnerError::io(&src_config, e))?;
+            }
         }
         None => cascade_shared::tokenizer::write_tiny_tokenizer(&tok_dir)
             .map_err(|e| LearnerError::Model(format!("writing the tiny tokenizer: {e}")))?,

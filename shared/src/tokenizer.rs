@@ -9,7 +9,10 @@
 
 mod tiny;
 
-pub use tiny::{tiny_tokenizer, tiny_tokenizer_config, write_tiny_tokenizer, TINY_SPECIAL_TOKENS};
+pub use tiny::{
+    tiny_tokenizer, tiny_tokenizer_config, train_tiny_bpe, write_tiny_tokenizer,
+    write_tokenizer_with_tiny_config, TINY_SPECIAL_TOKENS,
+};
 
 use std::path::{Path, PathBuf};
 

@@ -136,6 +136,9 @@ fn absolutize(config: &mut RunConfig) {
         if let Some(rm) = &mut s.verifier.reward_model {
             *rm = abs(&snapshot, rm);
         }
+        if let Some(judge) = &mut s.verifier.swe_judge {
+            *judge = abs(&snapshot, judge);
+        }
     }
     if let Some(rm) = &mut config.reward_model {
         rm.dataset = abs(&snapshot, &rm.dataset);
@@ -151,7 +154,7 @@ fn materialize_tiny(run_dir: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(&inputs).with_context(|| format!("creating {}", inputs.display()))?;
     std::fs::write(inputs.join("tiny-model.json"), TINY_MODEL_JSON)?;
     std::fs::write(inputs.join("tiny.toml"), TINY_TOML)?;
-    cascade_datagen::write_tiny(
+    super::data::write_tiny_data(
         &inputs.join("data"),
         0,
         &cascade_datagen::TinySizes::default(),

@@ -58,6 +58,12 @@ pub fn tiny_tokenizer() -> tokenizers::Tokenizer {
     // No regex split: without merges it could not change the result, only cost time.
     tokenizer.with_pre_tokenizer(Some(ByteLevel::new(false, false, false)));
     tokenizer.with_decoder(Some(ByteLevel::new(false, false, false)));
+    add_tiny_special_tokens(&mut tokenizer);
+    tokenizer
+}
+
+/// Adds [`TINY_SPECIAL_TOKENS`] after the model's vocabulary (ids 256.. for a byte vocabulary).
+fn add_tiny_special_tokens(tokenizer: &mut tokenizers::Tokenizer) {
     let added: Vec<AddedToken> = TINY_SPECIAL_TOKENS
         .iter()
         .map(|(content, special)| AddedToken::from(*content, *special).normalized(false))
@@ -72,7 +78,6 @@ pub fn tiny_tokenizer() -> tokenizers::Tokenizer {
         };
         added.expect("adding a fresh token to a tokenizer without normalizer cannot fail");
     }
-    tokenizer
 }
 
 /// The `tokenizer_config.json` written beside the tiny tokenizer: the built-in ChatML template,
@@ -111,9 +116,120 @@ pub fn tiny_tokenizer_config() -> serde_json::Value {
     })
 }
 
+/// Trains byte-level BPE merges on `texts` on top of the tiny tokenizer: ids 0–255 are still
+/// the bytes and 256–260 the added tokens of [`TINY_SPECIAL_TOKENS`] (so the tiny tokenizer's
+/// config applies unchanged), and every merge adds one token from 261 up to `vocab_size`.
+/// Texts are split as GPT-2 does (words with their leading space, digit runs, punctuation)
+/// before merging, and encoding splits the same way. Any UTF-8 text still round-trips.
+/// Deterministic: the same texts give the same tokenizer.
+pub fn train_tiny_bpe<'a>(
+    texts: impl Iterator<Item = &'a str> + Send,
+    vocab_size: usize,
+) -> Result<tokenizers::Tokenizer> {
+    let base = 256 + TINY_SPECIAL_TOKENS.len();
+    if vocab_size < base {
+        return Err(TokenizerError::Codec {
+            source_name: "tiny BPE".into(),
+            message: format!("vocab_size {vocab_size} < {base} (bytes and added tokens)"),
+        });
+    }
+    let err = |e: tokenizers::Error| TokenizerError::Codec {
+        source_name: "tiny BPE training".into(),
+        message: e.to_string(),
+    };
+    // 1. Learn the merges with the library's trainer (its own id layout is discarded).
+    let mut trainer = tokenizers::models::bpe::BpeTrainer::builder()
+        .vocab_size(vocab_size - TINY_SPECIAL_TOKENS.len())
+        .min_frequency(2)
+        .show_progress(false)
+        .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
+        .build();
+    let mut learner = tokenizers::TokenizerBuilder::<
+        BPE,
+        tokenizers::NormalizerWrapper,
+        ByteLevel,
+        tokenizers::PostProcessorWrapper,
+        ByteLevel,
+    >::default()
+    .with_model(BPE::default())
+    .with_pre_tokenizer(Some(ByteLevel::new(false, false, true)))
+    .with_decoder(Some(ByteLevel::new(false, false, true)))
+    .build()
+    .map_err(err)?;
+    // The chat markers never take part in merges.
+    let specials: Vec<&str> = TINY_SPECIAL_TOKENS.iter().map(|(t, _)| *t).collect();
+    let texts = texts.map(move |t| {
+        let mut s = t.to_string();
+        for sp in &specials {
+            s = s.replace(sp, " ");
+        }
+        s
+    });
+    learner.train(&mut trainer, texts).map_err(err)?;
+    // The merges in rank order, as the model serialises them (`[["a", "b"], ...]`).
+    let model = serde_json::to_value(learner.get_model()).map_err(|e| TokenizerError::Codec {
+        source_name: "tiny BPE training".into(),
+        message: e.to_string(),
+    })?;
+    let merges: Vec<(String, String)> = model
+        .get("merges")
+        .and_then(|m| m.as_array())
+        .map(|list| {
+            list.iter()
+                .filter_map(|m| match m {
+                    serde_json::Value::Array(p) if p.len() == 2 => {
+                        Some((p[0].as_str()?.to_string(), p[1].as_str()?.to_string()))
+                    }
+                    serde_json::Value::String(s) => {
+                        let (a, b) = s.split_once(' ')?;
+                        Some((a.to_string(), b.to_string()))
+                    }
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    // 2. Rebuild with the tiny layout: bytes, then the added tokens, then one id per merge.
+    let mut vocab: Vocab = byte_to_char()
+        .iter()
+        .enumerate()
+        .map(|(b, c)| (c.to_string(), b as u32))
+        .collect();
+    for (i, (content, _)) in TINY_SPECIAL_TOKENS.iter().enumerate() {
+        vocab.insert(content.to_string(), 256 + i as u32);
+    }
+    let mut merge_list = Vec::with_capacity(merges.len());
+    for (a, b) in merges {
+        let merged = format!("{a}{b}");
+        if vocab.contains_key(&merged) || base + merge_list.len() >= vocab_size {
+            continue;
+        }
+        vocab.insert(merged, (base + merge_list.len()) as u32);
+        merge_list.push((a, b));
+    }
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merge_list)
+        .build()
+        .map_err(err)?;
+    let mut tokenizer = tokenizers::Tokenizer::new(bpe);
+    tokenizer.with_pre_tokenizer(Some(ByteLevel::new(false, false, true)));
+    tokenizer.with_decoder(Some(ByteLevel::new(false, false, true)));
+    add_tiny_special_tokens(&mut tokenizer);
+    Ok(tokenizer)
+}
+
 /// Writes `tokenizer.json` and `tokenizer_config.json` of the tiny tokenizer into `dir`
 /// (created if missing).
 pub fn write_tiny_tokenizer(dir: impl AsRef<Path>) -> Result<()> {
+    write_tokenizer_with_tiny_config(dir, &tiny_tokenizer())
+}
+
+/// Writes `tokenizer` (the tiny one, or one from [`train_tiny_bpe`]) as `tokenizer.json` with
+/// the tiny `tokenizer_config.json` into `dir` (created if missing).
+pub fn write_tokenizer_with_tiny_config(
+    dir: impl AsRef<Path>,
+    tokenizer: &tokenizers::Tokenizer,
+) -> Result<()> {
     let dir = dir.as_ref();
     let io = |path: &Path| {
         let path = path.to_path_buf();
@@ -121,7 +237,7 @@ pub fn write_tiny_tokenizer(dir: impl AsRef<Path>) -> Result<()> {
     };
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let tokenizer_path = dir.join("tokenizer.json");
-    let json = tiny_tokenizer()
+    let json = tokenizer
         .to_string(true)
         .map_err(|e| TokenizerError::Codec {
             source_name: "tiny tokenizer".into(),
@@ -160,5 +276,44 @@ mod tests {
             assert_eq!(t.token_to_id(content), Some(256 + i as u32), "{content}");
         }
         assert_eq!(t.get_vocab_size(true), 261);
+    }
+
+    fn corpus() -> Vec<String> {
+        (0..300)
+            .map(|i| {
+                format!(
+                    "What is {} + {}? <think>\n{}+{}={}\n</think>\n\n\\boxed{{{}}} ```python\ndef times{}(x):\n    return x * {}\n```",
+                    i % 9,
+                    i % 7,
+                    i % 9,
+                    i % 7,
+                    i % 9 + i % 7,
+                    i % 9 + i % 7,
+                    i % 8,
+                    i % 8
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn trained_bpe_keeps_the_tiny_layout_compresses_and_round_trips() {
+        let texts = corpus();
+        let t = train_tiny_bpe(texts.iter().map(String::as_str), 400).unwrap();
+        // As many merges as the corpus has pairs seen twice, up to the asked size.
+        let size = t.get_vocab_size(true);
+        assert!((300..=400).contains(&size), "{size}");
+        for (i, (content, _)) in TINY_SPECIAL_TOKENS.iter().enumerate() {
+            assert_eq!(t.token_to_id(content), Some(256 + i as u32), "{content}");
+        }
+        assert_eq!(t.token_to_id("A"), Some(b'A' as u32));
+        let text = "<|im_start|>user\nWhat is 3 + 4?<|im_end|>\n<think>\n3+4=7\n</think>\n\n\\boxed{7} é 中";
+        let enc = t.encode(text, false).unwrap();
+        assert!(enc.get_ids().len() * 2 < text.len(), "{} tokens", enc.get_ids().len());
+        assert!(enc.get_ids().contains(&257) && enc.get_ids().contains(&259));
+        assert_eq!(t.decode(enc.get_ids(), false).unwrap(), text);
+        // Same texts, same tokenizer.
+        let again = train_tiny_bpe(texts.iter().map(String::as_str), 400).unwrap();
+        assert_eq!(t.to_string(false).unwrap(), again.to_string(false).unwrap());
     }
 }
