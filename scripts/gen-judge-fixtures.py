@@ -1,9 +1,7 @@
 #!/usr/bin/env python3
 """Reference judge verdicts from Hugging Face transformers for the SWE judge scorer test.
 
-Run:  PY=$(scripts/setup-torch-ref.sh | tail -1); $PY -m pip install -q 'jinja2>=3.1'
-      $PY scripts/gen-judge-fixtures.py
-(jinja2 is what transformers' `apply_chat_template` needs; setup-torch-ref.sh does not install it.)
+Run:  PY=$(scripts/setup-torch-ref.sh | tail -1); $PY scripts/gen-judge-fixtures.py
 Writes tests/fixtures/judge/model/{config.json,model.safetensors,tokenizer.json,tokenizer_config.json}
 and tests/fixtures/judge/cases.json; read by actor/tests/judge_hf.rs and tests/score_cli.rs.
 

@@ -1,9 +1,7 @@
 #!/usr/bin/env python3
 """Reference scores from Hugging Face transformers for the reward-model verifier test.
 
-Run:  PY=$(scripts/setup-torch-ref.sh | tail -1); $PY -m pip install -q 'jinja2>=3.1'
-      $PY scripts/gen-rm-fixtures.py
-(jinja2 is what transformers' `apply_chat_template` needs; setup-torch-ref.sh does not install it.)
+Run:  PY=$(scripts/setup-torch-ref.sh | tail -1); $PY scripts/gen-rm-fixtures.py
 Writes tests/fixtures/rm/model/{config.json,model.safetensors,tokenizer.json,tokenizer_config.json}
 and tests/fixtures/rm/cases.json; read by actor/tests/reward_model_hf.rs and tests/score_cli.rs.
 

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Ensures the Hugging Face reference environment exists and prints its python as the last line.
 #   Debian python3-torch (apt, CPU, torch 1.13) + a --system-site-packages venv at
-#   ${CASCADE_REF_ENV:-/tmp/cascade-ref-env} with transformers==4.51.3, safetensors, tokenizers, numpy.
+#   ${CASCADE_REF_ENV:-/tmp/cascade-ref-env} with transformers==4.51.3, safetensors, tokenizers, numpy, jinja2 (apply_chat_template).
 # Idempotent (only installs what is missing) and quiet on success; logs go to $ENV.log.
 # transformers 4.51.3 needs a few torch stubs on 1.13: they live in grpo_reference.py (install_shim)
 # and the smoke test below runs `grpo_reference.py --self-check`.
@@ -62,14 +62,15 @@ fi
 pkgs_ok() {
   "$PY" - >/dev/null 2>&1 <<'EOF'
 import importlib.metadata as md
-import numpy, safetensors, tokenizers
+import numpy, safetensors, tokenizers, jinja2
 assert md.version("transformers") == "4.51.3"
 assert int(numpy.__version__.split(".")[0]) < 2
 EOF
 }
 if ! pkgs_ok; then
   "$PY" -m pip install -q --disable-pip-version-check "transformers==4.51.3" safetensors tokenizers "numpy<2" \
-    >>"$LOG" 2>&1 || fail "pip install transformers==4.51.3 safetensors tokenizers numpy failed (log: $LOG)"
+    "jinja2>=3.1" >>"$LOG" 2>&1 \
+    || fail "pip install transformers==4.51.3 safetensors tokenizers numpy jinja2 failed (log: $LOG)"
   pkgs_ok || fail "packages installed but still not importable in $PY (log: $LOG)"
 fi
 
