@@ -103,9 +103,9 @@ impl RecordHeader {
     /// CRC32C of the covered header bytes and `payload`.
     pub fn compute_crc(&self, payload: &[u8]) -> u32 {
         let bytes = self.to_bytes();
-        let crc = crc32c::crc32c(&bytes[4..8]);
-        let crc = crc32c::crc32c_append(crc, &bytes[12..RECORD_HEADER_LEN]);
-        crc32c::crc32c_append(crc, payload)
+        let crc = crate::crc::crc32c(&bytes[4..8]);
+        let crc = crate::crc::crc32c_append(crc, &bytes[12..RECORD_HEADER_LEN]);
+        crate::crc::crc32c_append(crc, payload)
     }
 
     /// Encodes the header.

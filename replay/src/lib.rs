@@ -7,9 +7,40 @@
 //! larger than [`max_payload_for`] the segment size is refused with
 //! [`ReplayError::RecordTooLarge`]. See `header` for the byte layout and `mmap` for the
 //! invariants that make the shared mappings sound.
+//!
+//! # Damage
+//!
+//! Corrupt records (bad magic, bounds or CRC, a sequence number going backwards) are skipped
+//! and reported once each ([`ReplayReader::corruptions`], `cascade replay inspect`). A record
+//! whose `len` word was zeroed looks like "not written yet"; the reader tells the two apart
+//! with the writer's high-water mark in the segment header (`published_end`, see `header`):
+//! below it, a zero length is damage and the reader looks for the next valid record among the
+//! published ones, so the records after it are not held back. Two cases still wait:
+//! - the damaged record is the last one published: the reader finds the next record as soon
+//!   as the writer appends one (nothing is lost, there is nothing to deliver before that);
+//! - segments written before `published_end` existed (it reads as zero there): a zeroed length
+//!   in the active segment waits until the writer rolls to the next segment, as it always did.
+//!
+//! A writer resuming after a crash continues after the last valid record of its newest
+//! segment; if that segment is truncated (its size differs from its header) or has no room
+//! left for an end marker, it starts a new segment instead.
+//!
+//! # Performance
+//!
+//! `append` copies the payload once, into the mapped segment, after computing its CRC32C;
+//! readers hand out payloads zero-copy from their own mapping after checking the CRC (with
+//! AVX-512 + VPCLMULQDQ when the CPU has them, see `crc`). What dominates throughput is not
+//! the copy but the kernel's work for fresh page-cache pages: allocating and zeroing them,
+//! marking preallocated blocks written, and freeing them when retention deletes a segment.
+//! So the writer keeps that work off `append` where it can: a helper thread prepares the next
+//! segment (preallocated, fsynced, mapped with huge pages where the filesystem has large
+//! folios, prefaulted) once the active one is a quarter full, and unmaps deleted segments.
+//! Published bytes are never reused or rewritten, so a new segment always means new pages.
+//! Measured figures are in the benchmark (`benches/replay.rs`) and below.
 #![warn(missing_docs)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+mod crc;
 mod cursor;
 mod doorbell;
 mod error;

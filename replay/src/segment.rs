@@ -320,7 +320,9 @@ pub(crate) fn scan_segment(map: &Mapping) -> SegmentScan {
     loop {
         match read_slot(map, offset) {
             Slot::End => break,
-            Slot::Record(h) => {
+            // Like the reader, a record whose seq goes backwards is damage: a writer resuming
+            // after it would otherwise reuse seqs the reader has already passed.
+            Slot::Record(h) if h.seq >= next_min_seq => {
                 scan.records.push((offset, h));
                 next_min_seq = h.seq + 1;
                 offset += h.padded_len();
@@ -332,19 +334,22 @@ pub(crate) fn scan_segment(map: &Mapping) -> SegmentScan {
                 scan.end = offset;
                 break;
             }
-            Slot::Empty | Slot::Corrupt(_) => {
-                let slot = read_slot(map, offset);
+            slot @ (Slot::Empty | Slot::Corrupt(_) | Slot::Record(_)) => {
+                let reason = match slot {
+                    Slot::Corrupt(r) => Some(r),
+                    Slot::Record(_) => Some("sequence number goes backwards"),
+                    _ => None,
+                };
                 match resync(map, offset, next_min_seq) {
                     Some(next) => {
-                        let reason = match slot {
-                            Slot::Corrupt(r) => r,
-                            _ => "zeroed record length before valid records",
-                        };
-                        scan.corruptions.push((offset, reason));
+                        scan.corruptions.push((
+                            offset,
+                            reason.unwrap_or("zeroed record length before valid records"),
+                        ));
                         offset = next;
                     }
                     None => {
-                        if let Slot::Corrupt(r) = slot {
+                        if let Some(r) = reason {
                             scan.corruptions.push((offset, r));
                         }
                         break;

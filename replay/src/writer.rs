@@ -350,8 +350,12 @@ impl ReplayWriter {
         )?;
         let index = self.index + 1;
         let map = match self.helper.take(index) {
-            Some(spare) => finish_segment(&self.dir, spare?, self.next_seq)?,
-            None => create_segment(&self.dir, index, self.next_seq, self.opts.segment_size)?,
+            Some(Ok(spare)) => finish_segment(&self.dir, spare, self.next_seq)?,
+            // Without a spare, or when preparing it failed (a full disk then may have room now
+            // that retention ran), create the segment here; its error is the one reported.
+            Some(Err(_)) | None => {
+                create_segment(&self.dir, index, self.next_seq, self.opts.segment_size)?
+            }
         };
         let old = std::mem::replace(&mut self.map, map);
         self.old.push_back(OldSegment {
