@@ -36,7 +36,26 @@
 //! segment (preallocated, fsynced, mapped with huge pages where the filesystem has large
 //! folios, prefaulted) once the active one is a quarter full, and unmaps deleted segments.
 //! Published bytes are never reused or rewritten, so a new segment always means new pages.
-//! Measured figures are in the benchmark (`benches/replay.rs`) and below.
+//!
+//! `REPLAY_BENCH_MB=512 cargo bench -p cascade-replay --bench replay` on the 2-core AMD EPYC
+//! (Zen 5) KVM guest this was developed on, ext4 on virtio, kernel 6.18, another process busy
+//! on one core; medians of 5 interleaved runs (GB/s, 64 MiB segments, writer and reader in one
+//! thread plus the writer's helper):
+//!
+//! | record | replay append+read | memcpy, reused buffer | memcpy, fresh anon memory | memcpy, fresh file |
+//! |---|---|---|---|---|
+//! | 4 KiB | 1.88 | 23.0 (0.08×) | 16.6 (0.11×) | 3.77 (0.50×) |
+//! | 256 KiB | 2.23 | 19.5 (0.11×) | 15.9 (0.14×) | 3.55 (0.63×) |
+//!
+//! The baselines copy the same records from one hot buffer: into one pre-faulted 64 MiB buffer;
+//! into a new 64 MiB anonymous huge-page mapping per 64 MiB; into a new fallocated, mapped,
+//! then deleted 64 MiB file per 64 MiB (no CRC, no reader). The last is the ceiling of any log
+//! that writes every record to new file pages on this machine: a 64 MiB segment costs about
+//! 10 ms to fault in (zeroing, ext4 unwritten-extent conversion) and 8 ms to free, against 2 ms
+//! for the copy. Half the speed of a plain memcpy is out of reach without reusing pages, which
+//! would mean rewriting published (if consumed) records under readers that may still map them.
+//! Cross-process latency (append → `poll` returns, doorbell wake-up): median 13.6 µs, p99
+//! 1.4 ms with the machine loaded as above.
 #![warn(missing_docs)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
