@@ -110,7 +110,7 @@ pub fn evaluate_run(
             judge.as_deref(),
             &device,
         )
-            .with_context(|| format!("the verifier of stage {}", stage.name))?;
+        .with_context(|| format!("the verifier of stage {}", stage.name))?;
         domains.push(Domain {
             name: stage.kind.as_str().to_string(),
             stage: i,
@@ -129,55 +129,52 @@ pub fn evaluate_run(
             wanted.push((s.name.clone(), i as u32 + 1));
         }
     }
-    let mut rows = Vec::new();
-    for (after_stage, index) in wanted {
-        let Some((version, dir)) = finals.get(&index) else {
-            tracing::warn!("held-out table: no stage-final snapshot after {after_stage}");
-            continue;
-        };
-        let model =
-            load_model(dir, &device).with_context(|| format!("loading {}", dir.display()))?;
-        let chat = Chat::from_dir(dir)?;
-        let mut scores = BTreeMap::new();
-        for d in &domains {
-            let stage = &config.stages[d.stage];
-            let result = evaluate(
-                model.clone(),
-                &chat,
-                &d.dataset,
-                d.verifier.clone(),
-                &EvalOptions {
-                    samples: config.eval.samples,
-                    temperature: config.eval.temperature,
-                    top_p: config.eval.top_p,
-                    max_new_tokens: stage
-                        .max_response_tokens_at(stage.steps, config.actor.max_new_tokens),
-                    mode: None,
-                    mode_mix: stage.mode_mix,
-                    seed: config.eval.seed,
-                    gen_batch: (config.actor.gen_batch * stage.group_size).clamp(1, 64),
-                    max_prompts: config.eval.max_prompts,
-                },
-            )?;
-            metrics.emit(
-                "eval",
-                json!({
-                    "after_stage": after_stage,
-                    "domain": d.name,
-                    "policy_version": version,
-                    "score": result.all.mean_reward,
-                    "pass_at_1": result.all.pass_at_1,
-                    "prompts": result.all.prompts,
-                    "by_mode": result.by_mode,
-                }),
-            );
-            scores.insert(d.name.clone(), result.all.mean_reward);
+    // Rows are independent: each worker loads one stage-final snapshot at a time and runs every
+    // domain on it. Decoding a small model is mostly per-op overhead, so two rows side by side
+    // use two cores where one row would leave the second idle.
+    let jobs: Vec<(String, u64, PathBuf)> = wanted
+        .into_iter()
+        .filter_map(|(after_stage, index)| match finals.get(&index) {
+            Some((version, dir)) => Some((after_stage, *version, dir.clone())),
+            None => {
+                tracing::warn!("held-out table: no stage-final snapshot after {after_stage}");
+                None
+            }
+        })
+        .collect();
+    let workers = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .clamp(1, 4)
+        .min(jobs.len().max(1));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Vec<std::sync::Mutex<Option<anyhow::Result<HeldoutRow>>>> =
+        jobs.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some((after_stage, version, dir)) = jobs.get(i) else {
+                    break;
+                };
+                let row = evaluate_row(
+                    config,
+                    &domains,
+                    after_stage,
+                    *version,
+                    dir,
+                    &device,
+                    metrics,
+                );
+                *results[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(row);
+            });
         }
-        rows.push(HeldoutRow {
-            after_stage,
-            scores,
-            policy_version: *version,
-        });
+    });
+    let mut rows = Vec::new();
+    for r in results {
+        if let Some(row) = r.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            rows.push(row?);
+        }
     }
     let table = HeldoutTable {
         domains: domains.into_iter().map(|d| d.name).collect(),
@@ -188,6 +185,60 @@ pub fn evaluate_run(
     std::fs::write(&tmp, serde_json::to_vec_pretty(&table)?)?;
     std::fs::rename(&tmp, &path)?;
     Ok(Some(table))
+}
+
+/// Scores one stage-final snapshot on every domain's held-out set.
+fn evaluate_row(
+    config: &RunConfig,
+    domains: &[Domain],
+    after_stage: &str,
+    version: u64,
+    dir: &Path,
+    device: &candle_core::Device,
+    metrics: &MetricsLog,
+) -> anyhow::Result<HeldoutRow> {
+    let model = load_model(dir, device).with_context(|| format!("loading {}", dir.display()))?;
+    let chat = Chat::from_dir(dir)?;
+    let mut scores = BTreeMap::new();
+    for d in domains {
+        let stage = &config.stages[d.stage];
+        let result = evaluate(
+            model.clone(),
+            &chat,
+            &d.dataset,
+            d.verifier.clone(),
+            &EvalOptions {
+                samples: config.eval.samples,
+                temperature: config.eval.temperature,
+                top_p: config.eval.top_p,
+                max_new_tokens: stage
+                    .max_response_tokens_at(stage.steps, config.actor.max_new_tokens),
+                mode: None,
+                mode_mix: stage.mode_mix,
+                seed: config.eval.seed,
+                gen_batch: (config.actor.gen_batch * stage.group_size).clamp(1, 64),
+                max_prompts: config.eval.max_prompts,
+            },
+        )?;
+        metrics.emit(
+            "eval",
+            json!({
+                "after_stage": after_stage,
+                "domain": d.name,
+                "policy_version": version,
+                "score": result.all.mean_reward,
+                "pass_at_1": result.all.pass_at_1,
+                "prompts": result.all.prompts,
+                "by_mode": result.by_mode,
+            }),
+        );
+        scores.insert(d.name.clone(), result.all.mean_reward);
+    }
+    Ok(HeldoutRow {
+        after_stage: after_stage.to_string(),
+        scores,
+        policy_version: version,
+    })
 }
 
 /// The table as aligned text.

@@ -14,9 +14,9 @@ use cascade_rewards::ifeval::{IfEvalConfig, IfEvalMode};
 use cascade_rewards::math::MathConfig;
 use cascade_rewards::{CodeVerifier, IfEvalVerifier, MathVerifier, SweVerifier, Verifier};
 use cascade_shared::chat::{Chat, ChatTemplate};
-use cascade_shared::tokenizer::Tokenizer;
 use cascade_shared::config::{IfStrictness, RunConfig, StageConfig, VerifierConfig};
 use cascade_shared::model::{compute_dtype, load_model, random_weights, CausalLm, ModelConfig};
+use cascade_shared::tokenizer::Tokenizer;
 use cascade_shared::transport::{ReplaySink, RolloutSink};
 use cascade_shared::{Mode, StageKind};
 

@@ -59,7 +59,7 @@ pub use common::{Domain, Mode, Task, MAX_PROMPT_BYTES};
 use common::{draw_excluding, draw_unique, stream, Purpose};
 
 /// Bumped whenever the generated data changes for a given seed and sizes.
-pub const GENERATOR_VERSION: u32 = 3;
+pub const GENERATOR_VERSION: u32 = 4;
 
 /// Name of the manifest, written last.
 pub const MANIFEST: &str = "MANIFEST.json";
@@ -83,7 +83,7 @@ impl Default for TinySizes {
             sft: 2400,
             prefs: 600,
             rl: 400,
-            heldout: 48,
+            heldout: 96,
         }
     }
 }

@@ -182,9 +182,15 @@ pub struct RolloutGroup {
     /// The softmax temperature of the behaviour log-probs: `log_softmax(logits / T)`. The
     /// learner computes the policy's log-probs at the same temperature, so that the importance
     /// ratio compares like with like (1 for an on-policy sample). 1 for greedy decoding.
+    /// In JSON (fixtures, `replay inspect --json`), an absent field reads as 1.
+    #[serde(default = "unit_temperature")]
     pub temperature: f32,
     /// The G samples.
     pub samples: Vec<Sample>,
+}
+
+fn unit_temperature() -> f32 {
+    1.0
 }
 
 impl RolloutGroup {

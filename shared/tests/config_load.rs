@@ -49,8 +49,11 @@ fn committed_configs_parse_and_validate() {
     );
     let math = tiny.stage("math").unwrap();
     assert_eq!(math.max_response_tokens_at(0, 1), 24);
-    assert_eq!(math.max_response_tokens_at(8, 1), 32);
-    assert_eq!(math.temperature, 0.6, "RL samples at the evaluation temperature");
+    assert_eq!(math.max_response_tokens_at(12, 1), 32);
+    assert_eq!(
+        math.temperature, 0.6,
+        "RL samples at the evaluation temperature"
+    );
     assert_eq!(tiny.devices.actor_assignment(), vec![Device::Cpu]);
 
     let big = RunConfig::load(configs().join("qwen3-8b-base.toml"), &[]).unwrap();

@@ -24,8 +24,8 @@ pub fn write_tiny_data(dir: &Path, seed: u64, sizes: &TinySizes) -> anyhow::Resu
     files.extend(Domain::ALL.iter().map(|d| format!("{}.jsonl", d.name())));
     for name in files {
         let path = dir.join(&name);
-        let text =
-            std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
         for (i, line) in text.lines().enumerate() {
             let v: serde_json::Value = serde_json::from_str(line)
                 .with_context(|| format!("{}:{}: not JSON", path.display(), i + 1))?;
@@ -36,13 +36,17 @@ pub fn write_tiny_data(dir: &Path, seed: u64, sizes: &TinySizes) -> anyhow::Resu
         texts.iter().map(String::as_str),
         TINY_BPE_VOCAB,
     )?;
-    let tok_dir = dir.join(TINY_TOKENIZER).parent().map(Path::to_path_buf).unwrap_or_default();
+    let tok_dir = dir
+        .join(TINY_TOKENIZER)
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
     let tmp = dir.join("tokenizer.tmp");
     let _ = std::fs::remove_dir_all(&tmp);
     cascade_shared::tokenizer::write_tokenizer_with_tiny_config(&tmp, &tokenizer)?;
-    let same = ["tokenizer.json", "tokenizer_config.json"].iter().all(|f| {
-        std::fs::read(tmp.join(f)).ok() == std::fs::read(tok_dir.join(f)).ok()
-    });
+    let same = ["tokenizer.json", "tokenizer_config.json"]
+        .iter()
+        .all(|f| std::fs::read(tmp.join(f)).ok() == std::fs::read(tok_dir.join(f)).ok());
     if same {
         std::fs::remove_dir_all(&tmp).ok();
     } else {

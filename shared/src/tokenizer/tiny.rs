@@ -309,7 +309,11 @@ mod tests {
         assert_eq!(t.token_to_id("A"), Some(b'A' as u32));
         let text = "<|im_start|>user\nWhat is 3 + 4?<|im_end|>\n<think>\n3+4=7\n</think>\n\n\\boxed{7} é 中";
         let enc = t.encode(text, false).unwrap();
-        assert!(enc.get_ids().len() * 2 < text.len(), "{} tokens", enc.get_ids().len());
+        assert!(
+            enc.get_ids().len() * 2 < text.len(),
+            "{} tokens",
+            enc.get_ids().len()
+        );
         assert!(enc.get_ids().contains(&257) && enc.get_ids().contains(&259));
         assert_eq!(t.decode(enc.get_ids(), false).unwrap(), text);
         // Same texts, same tokenizer.
