@@ -381,6 +381,16 @@ impl CausalLm {
         input_ids: &Tensor,
         attention_mask: Option<&Tensor>,
     ) -> Result<Tensor> {
+        let (logits, targets) = self.next_token_logits(input_ids, attention_mask)?;
+        gather_logprobs(&logits, &targets)
+    }
+
+    /// Logits `(b, t - 1, vocab)` at every position but the last, and the tokens they predict.
+    fn next_token_logits(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: Option<&Tensor>,
+    ) -> Result<(Tensor, Tensor)> {
         let t = input_ids.dim(1)?;
         if t < 2 {
             return Err(ModelError::Config(
@@ -391,7 +401,7 @@ impl CausalLm {
             .forward_hidden(input_ids, attention_mask)?
             .narrow(1, 0, t - 1)?;
         let targets = input_ids.narrow(1, 1, t - 1)?;
-        gather_logprobs(&self.lm_head(&hidden)?, &targets)
+        Ok((self.lm_head(&hidden)?, targets))
     }
 
     /// [`CausalLm::token_logprobs`] of the tempered distribution `softmax(logits / T_b)`, one
@@ -403,7 +413,7 @@ impl CausalLm {
         attention_mask: Option<&Tensor>,
         temperatures: &[f32],
     ) -> Result<Tensor> {
-        let (b, t) = input_ids.dims2()?;
+        let b = input_ids.dim(0)?;
         if temperatures.len() != b {
             return Err(ModelError::Config(format!(
                 "{} temperatures for a batch of {b} rows",
@@ -418,16 +428,7 @@ impl CausalLm {
         if temperatures.iter().all(|&x| x == 1.0) {
             return self.token_logprobs(input_ids, attention_mask);
         }
-        if t < 2 {
-            return Err(ModelError::Config(
-                "token_logprobs needs at least 2 tokens".into(),
-            ));
-        }
-        let hidden = self
-            .forward_hidden(input_ids, attention_mask)?
-            .narrow(1, 0, t - 1)?;
-        let targets = input_ids.narrow(1, 1, t - 1)?;
-        let logits = self.lm_head(&hidden)?;
+        let (logits, targets) = self.next_token_logits(input_ids, attention_mask)?;
         let inv: Vec<f32> = temperatures.iter().map(|&x| 1.0 / x).collect();
         let inv = Tensor::from_vec(inv, (b, 1, 1), logits.device())?.to_dtype(logits.dtype())?;
         gather_logprobs(&logits.broadcast_mul(&inv)?, &targets)
