@@ -3,6 +3,12 @@
 //! Written to `RUN_DIR/heldout.json` as `{"domains": [...], "rows": [{"after_stage": ...,
 //! "scores": {...}}]}`; the score of a domain is the mean reward of `[eval] samples` sampled
 //! responses per held-out prompt, with the domain's training verifier.
+//!
+//! Each row also keeps every prompt's mean reward (`prompt_scores`) and the standard error of
+//! each score over prompts (`stderr`). Rows are evaluated on the same prompts with the same
+//! sampler seeds, so the change a stage makes to its own domain is measured as a paired
+//! difference over prompts (`gains`: mean difference and its standard error), which is much
+//! less noisy than the difference of two means.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -10,7 +16,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use cascade_actor::dataset::Dataset;
-use cascade_actor::eval::{evaluate, EvalOptions};
+use cascade_actor::eval::{evaluate, mean_and_se, EvalOptions};
 use cascade_actor::run::verifier_for;
 use cascade_learner::snapshot;
 use cascade_rewards::Verifier;
@@ -30,6 +36,31 @@ pub struct HeldoutRow {
     pub scores: BTreeMap<String, f64>,
     /// The snapshot evaluated.
     pub policy_version: u64,
+    /// Domain → standard error of the score over prompts.
+    #[serde(default)]
+    pub stderr: BTreeMap<String, f64>,
+    /// Domain → prompt id → that prompt's mean reward.
+    #[serde(default)]
+    pub prompt_scores: BTreeMap<String, BTreeMap<u64, f64>>,
+}
+
+/// What an RL stage did to its own domain: the paired difference against the previous row.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StageGain {
+    /// The RL stage (its row's `after_stage`).
+    pub stage: String,
+    /// Its domain.
+    pub domain: String,
+    /// The previous row's score.
+    pub before: f64,
+    /// This row's score.
+    pub after: f64,
+    /// Mean over the prompts scored in both rows of (after − before).
+    pub diff: f64,
+    /// Standard error of `diff` (paired over prompts).
+    pub se: f64,
+    /// Prompts in the comparison.
+    pub prompts: usize,
 }
 
 /// The whole table.
@@ -39,6 +70,46 @@ pub struct HeldoutTable {
     pub domains: Vec<String>,
     /// Rows in cascade order.
     pub rows: Vec<HeldoutRow>,
+    /// Each RL stage's change to its own domain's score (see [`stage_gains`]).
+    #[serde(default)]
+    pub gains: Vec<StageGain>,
+}
+
+/// For every row after an RL stage whose kind has a held-out domain: the paired difference of
+/// that domain's prompt scores against the previous row. `stage_kinds` maps stage names to
+/// their kinds (the domain names).
+pub fn stage_gains(rows: &[HeldoutRow], stage_kinds: &BTreeMap<String, String>) -> Vec<StageGain> {
+    let mut out = Vec::new();
+    for pair in rows.windows(2) {
+        let (prev, row) = (&pair[0], &pair[1]);
+        let Some(domain) = stage_kinds.get(&row.after_stage) else {
+            continue;
+        };
+        let (Some(before), Some(after)) = (prev.scores.get(domain), row.scores.get(domain)) else {
+            continue;
+        };
+        let (Some(a), Some(b)) = (
+            prev.prompt_scores.get(domain),
+            row.prompt_scores.get(domain),
+        ) else {
+            continue;
+        };
+        let diffs: Vec<f64> = b
+            .iter()
+            .filter_map(|(id, after)| a.get(id).map(|before| after - before))
+            .collect();
+        let (diff, se) = mean_and_se(&diffs);
+        out.push(StageGain {
+            stage: row.after_stage.clone(),
+            domain: domain.clone(),
+            before: *before,
+            after: *after,
+            diff,
+            se,
+            prompts: diffs.len(),
+        });
+    }
+    out
 }
 
 struct Domain {
@@ -176,8 +247,15 @@ pub fn evaluate_run(
             rows.push(row?);
         }
     }
+    let kinds: BTreeMap<String, String> = config
+        .stages
+        .iter()
+        .filter(|s| s.is_rl())
+        .map(|s| (s.name.clone(), s.kind.as_str().to_string()))
+        .collect();
     let table = HeldoutTable {
         domains: domains.into_iter().map(|d| d.name).collect(),
+        gains: stage_gains(&rows, &kinds),
         rows,
     };
     let path = run_dir.join("heldout.json");
@@ -200,6 +278,8 @@ fn evaluate_row(
     let model = load_model(dir, device).with_context(|| format!("loading {}", dir.display()))?;
     let chat = Chat::from_dir(dir)?;
     let mut scores = BTreeMap::new();
+    let mut stderr = BTreeMap::new();
+    let mut prompt_scores = BTreeMap::new();
     for d in domains {
         let stage = &config.stages[d.stage];
         let result = evaluate(
@@ -227,17 +307,22 @@ fn evaluate_row(
                 "domain": d.name,
                 "policy_version": version,
                 "score": result.all.mean_reward,
+                "score_se": result.all.mean_reward_se,
                 "pass_at_1": result.all.pass_at_1,
                 "prompts": result.all.prompts,
                 "by_mode": result.by_mode,
             }),
         );
         scores.insert(d.name.clone(), result.all.mean_reward);
+        stderr.insert(d.name.clone(), result.all.mean_reward_se);
+        prompt_scores.insert(d.name.clone(), result.prompt_scores);
     }
     Ok(HeldoutRow {
         after_stage: after_stage.to_string(),
         scores,
         policy_version: version,
+        stderr,
+        prompt_scores,
     })
 }
 
@@ -258,5 +343,80 @@ pub fn format_table(table: &HeldoutTable) -> String {
         }
         out.push('\n');
     }
+    if !table.gains.is_empty() {
+        out.push_str(
+            "\neach RL stage on its own domain (paired over the same prompts, ± 1 s.e.):\n",
+        );
+        for g in &table.gains {
+            let verdict = if g.diff > 2.0 * g.se {
+                "up"
+            } else if g.diff < -2.0 * g.se {
+                "DOWN"
+            } else {
+                "within 2 s.e."
+            };
+            out.push_str(&format!(
+                "  {:<10} {:<6} {:>8.3} → {:>7.3}   {:+.3} ± {:.3}   {verdict}\n",
+                g.stage, g.domain, g.before, g.after, g.diff, g.se
+            ));
+        }
+    }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(stage: &str, domain: &str, scores: &[(u64, f64)]) -> HeldoutRow {
+        let per: BTreeMap<u64, f64> = scores.iter().copied().collect();
+        let (mean, se) = mean_and_se(&per.values().copied().collect::<Vec<_>>());
+        HeldoutRow {
+            after_stage: stage.into(),
+            scores: [(domain.to_string(), mean)].into(),
+            policy_version: 0,
+            stderr: [(domain.to_string(), se)].into(),
+            prompt_scores: [(domain.to_string(), per)].into(),
+        }
+    }
+
+    #[test]
+    fn gains_are_paired_over_the_common_prompts() {
+        let rows = vec![
+            row("sft", "math", &[(1, 0.0), (2, 0.5), (3, 1.0), (4, 0.25)]),
+            // Prompt 4 is missing after the stage (skipped): it leaves the comparison.
+            row("m", "math", &[(1, 0.25), (2, 0.75), (3, 1.125)]),
+            row("c", "math", &[(1, 0.0), (2, 0.5), (3, 1.0)]),
+        ];
+        let kinds: BTreeMap<String, String> = [("m".to_string(), "math".to_string())].into();
+        let gains = stage_gains(&rows, &kinds);
+        assert_eq!(
+            gains.len(),
+            1,
+            "only the math stage has math as its own domain"
+        );
+        let g = &gains[0];
+        assert_eq!(
+            (g.stage.as_str(), g.domain.as_str(), g.prompts),
+            ("m", "math", 3)
+        );
+        // Differences 0.25, 0.25, 0.125: mean 5/24, sd √(1/192), se √(1/576) = 1/24.
+        assert!((g.diff - 5.0 / 24.0).abs() < 1e-12);
+        assert!((g.se - 1.0 / 24.0).abs() < 1e-12);
+        assert!((g.before - 0.4375).abs() < 1e-12 && (g.after - 2.125 / 3.0).abs() < 1e-12);
+        let text = format_table(&HeldoutTable {
+            domains: vec!["math".into()],
+            rows,
+            gains,
+        });
+        assert!(text.contains("+0.208 ± 0.042"), "{text}");
+        assert!(text.contains("up"), "{text}");
+    }
+
+    #[test]
+    fn tables_written_before_gains_existed_still_parse() {
+        let old = r#"{"domains":["math"],"rows":[{"after_stage":"sft","scores":{"math":0.5},"policy_version":3}]}"#;
+        let t: HeldoutTable = serde_json::from_str(old).unwrap();
+        assert!(t.gains.is_empty() && t.rows[0].prompt_scores.is_empty());
+    }
 }

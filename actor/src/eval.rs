@@ -54,6 +54,9 @@ pub struct ModeScores {
     pub prompts: usize,
     /// Mean over prompts of the mean reward of their samples.
     pub mean_reward: f64,
+    /// Standard error of `mean_reward` over prompts (sample standard deviation of the prompts'
+    /// mean rewards / √prompts; 0 with fewer than two prompts).
+    pub mean_reward_se: f64,
     /// Mean fraction of samples with reward ≥ 1.
     pub pass_at_1: f64,
     /// Unbiased pass@k with k = samples.
@@ -73,6 +76,11 @@ pub struct EvalResult {
     pub samples: usize,
     /// Verifier errors (malformed references), counted as reward 0.
     pub verify_errors: usize,
+    /// Each evaluated prompt's mean reward, by prompt id: two models evaluated on the same file
+    /// with the same seed can be compared prompt by prompt (a paired difference), which is far
+    /// less noisy than comparing their means. Not part of `--json` output.
+    #[serde(skip)]
+    pub prompt_scores: BTreeMap<u64, f64>,
 }
 
 /// `1 − C(n − c, k) / C(n, k)`: the probability that at least one of k samples drawn without
@@ -92,27 +100,49 @@ pub fn pass_at_k(n: usize, c: usize, k: usize) -> f64 {
 }
 
 struct Outcome {
+    prompt_id: u64,
     mode: Mode,
     rewards: Vec<f32>,
     lengths: Vec<usize>,
 }
 
+impl Outcome {
+    fn mean(&self) -> f64 {
+        self.rewards.iter().map(|&r| f64::from(r)).sum::<f64>() / self.rewards.len().max(1) as f64
+    }
+}
+
+/// The mean of `xs` and its standard error (sample standard deviation / √n; 0 when n < 2).
+pub fn mean_and_se(xs: &[f64]) -> (f64, f64) {
+    if xs.is_empty() {
+        return (0.0, 0.0);
+    }
+    let n = xs.len() as f64;
+    let mean = xs.iter().sum::<f64>() / n;
+    if xs.len() < 2 {
+        return (mean, 0.0);
+    }
+    let var = xs.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (n - 1.0);
+    (mean, (var / n).sqrt())
+}
+
 fn scores<'a>(outcomes: impl Iterator<Item = &'a Outcome>, k: usize) -> ModeScores {
     let mut s = ModeScores::default();
     let (mut len_sum, mut len_n) = (0.0, 0usize);
+    let mut prompt_means = Vec::new();
     for o in outcomes {
         let n = o.rewards.len().max(1);
         let c = o.rewards.iter().filter(|&&r| r >= 1.0).count();
         s.prompts += 1;
-        s.mean_reward += o.rewards.iter().map(|&r| f64::from(r)).sum::<f64>() / n as f64;
+        prompt_means.push(o.mean());
         s.pass_at_1 += c as f64 / n as f64;
         s.pass_at_k += pass_at_k(o.rewards.len(), c, k.min(o.rewards.len()));
         len_sum += o.lengths.iter().sum::<usize>() as f64;
         len_n += o.lengths.len();
     }
+    (s.mean_reward, s.mean_reward_se) = mean_and_se(&prompt_means);
     if s.prompts > 0 {
         let p = s.prompts as f64;
-        s.mean_reward /= p;
         s.pass_at_1 /= p;
         s.pass_at_k /= p;
     }
@@ -197,7 +227,9 @@ pub fn evaluate(
         .collect();
     let mut outcomes: Vec<Outcome> = modes
         .iter()
-        .map(|&mode| Outcome {
+        .zip(prompts)
+        .map(|(&mode, rec)| Outcome {
+            prompt_id: rec.id,
             mode,
             rewards: Vec::new(),
             lengths: Vec::new(),
@@ -224,6 +256,7 @@ pub fn evaluate(
         by_mode,
         samples: opts.samples,
         verify_errors,
+        prompt_scores: outcomes.iter().map(|o| (o.prompt_id, o.mean())).collect(),
     })
 }
 
@@ -239,5 +272,17 @@ mod tests {
         // 1 − C(2,2)/C(4,2) = 1 − 1/6.
         assert!((pass_at_k(4, 2, 2) - (1.0 - 1.0 / 6.0)).abs() < 1e-12);
         assert_eq!(pass_at_k(4, 3, 2), 1.0);
+    }
+
+    #[test]
+    fn standard_error_is_the_sample_sd_over_root_n() {
+        assert_eq!(mean_and_se(&[]), (0.0, 0.0));
+        assert_eq!(mean_and_se(&[0.5]), (0.5, 0.0));
+        // sd of {0, 1} (n − 1 denominator) = √0.5; / √2 = 0.5.
+        let (m, se) = mean_and_se(&[0.0, 1.0]);
+        assert!((m - 0.5).abs() < 1e-12 && (se - 0.5).abs() < 1e-12);
+        let (m, se) = mean_and_se(&[2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0]);
+        assert!((m - 5.0).abs() < 1e-12);
+        assert!((se - (32.0f64 / 7.0 / 8.0).sqrt()).abs() < 1e-12);
     }
 }

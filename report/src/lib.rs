@@ -77,8 +77,12 @@
 //!
 //! ```json
 //! {"domains": ["rlhf", "if", "math", "code", "swe"],
-//!  "rows": [{"after_stage": "sft", "scores": {"math": 0.41, "code": 0.2}}, ...]}
+//!  "rows": [{"after_stage": "sft", "scores": {"math": 0.41, "code": 0.2}}, ...],
+//!  "gains": [{"stage": "math", "domain": "math", "diff": 0.03, "se": 0.01}, ...]}
 //! ```
+//!
+//! `gains` (optional) is each RL stage's paired change on its own domain; the report prints it
+//! beside the ✓/✗ verdict.
 //!
 //! One row per evaluation, in cascade order. A row's "own domain" is its
 //! `after_stage` if that is a domain, else the `stage_kind` that stage has in
@@ -462,6 +466,17 @@ struct Heldout {
     domains: Vec<String>,
     #[serde(default)]
     rows: Vec<HeldoutRow>,
+    #[serde(default)]
+    gains: Vec<HeldoutGain>,
+}
+
+/// A stage's paired change on its own domain (`gains` in `heldout.json`).
+#[derive(Debug, Deserialize)]
+struct HeldoutGain {
+    stage: String,
+    domain: String,
+    diff: f64,
+    se: f64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -1394,12 +1409,26 @@ fn write_heldout(w: &mut Writer, run_dir: &Path, m: &Metrics) {
                 let prev = i
                     .checked_sub(1)
                     .and_then(|p| heldout.rows[p].scores.get(d).copied().flatten());
+                let paired = heldout
+                    .gains
+                    .iter()
+                    .find(|g| g.stage == row.after_stage && &g.domain == d)
+                    .map(|g| format!(" (paired: {:+.3} ± {:.3} s.e.)", g.diff, g.se))
+                    .unwrap_or_default();
                 match (prev, cur) {
                     (Some(p), Some(c)) if c > p => {
-                        format!("<span class=\"ok\">✓</span> {} +{}", esc(d), num(c - p))
+                        format!(
+                            "<span class=\"ok\">✓</span> {} +{}{paired}",
+                            esc(d),
+                            num(c - p)
+                        )
                     }
                     (Some(p), Some(c)) => {
-                        format!("<span class=\"bad\">✗</span> {} {}", esc(d), num(c - p))
+                        format!(
+                            "<span class=\"bad\">✗</span> {} {}{paired}",
+                            esc(d),
+                            num(c - p)
+                        )
                     }
                     _ => format!("{} (no previous score)", esc(d)),
                 }

@@ -122,6 +122,8 @@ fn synth_run(dir: &Path, math_stage_name: &str) -> Synth {
             {"after_stage": "sft", "scores": {"rlhf": 0.5, "if": 0.33, "math": 0.41, "code": 0.2, "swe": 0.05}},
             {"after_stage": math_stage_name, "scores": {"rlhf": 0.51, "if": 0.3, "math": 0.47, "code": 0.19, "swe": 0.05}},
             {"after_stage": "stage2-code", "scores": {"rlhf": 0.5, "if": 0.31, "math": 0.45, "code": 0.18, "swe": 0.06}}
+        ], "gains": [
+            {"stage": math_stage_name, "domain": "math", "before": 0.41, "after": 0.47, "diff": 0.06, "se": 0.021, "prompts": 96}
         ]})
         .to_string(),
     )
@@ -327,6 +329,15 @@ fn full_report_with_compare() {
     assert!(!rows[0].contains("class=\"diag\""));
     assert!(rows[1].contains("<td class=\"diag\" data-domain=\"math\">0.47</td>"));
     assert!(rows[1].contains('✓') && !rows[1].contains('✗'));
+    assert!(
+        rows[1].contains("(paired: +0.060 ± 0.021 s.e.)"),
+        "{}",
+        rows[1]
+    );
+    assert!(
+        !rows[2].contains("paired"),
+        "no gain recorded for the code row"
+    );
     assert!(rows[2].contains("<td class=\"diag\" data-domain=\"code\">0.18</td>"));
     assert!(rows[2].contains('✗') && !rows[2].contains('✓'));
 

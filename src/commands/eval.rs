@@ -140,18 +140,19 @@ pub fn run(args: EvalArgs) -> anyhow::Result<i32> {
         println!("{}", serde_json::to_string(&result)?);
     } else {
         println!(
-            "{} prompts × {} samples ({kind}): mean reward {:.4}, pass@1 {:.4}, pass@{} {:.4}",
+            "{} prompts × {} samples ({kind}): mean reward {:.4} ± {:.4} (s.e. over prompts), pass@1 {:.4}, pass@{} {:.4}",
             result.all.prompts,
             result.samples,
             result.all.mean_reward,
+            result.all.mean_reward_se,
             result.all.pass_at_1,
             result.samples,
             result.all.pass_at_k
         );
         for (mode, s) in &result.by_mode {
             println!(
-                "  {mode:>8}: {} prompts, mean reward {:.4}, pass@1 {:.4}, mean length {:.1} tokens",
-                s.prompts, s.mean_reward, s.pass_at_1, s.response_len
+                "  {mode:>8}: {} prompts, mean reward {:.4} ± {:.4}, pass@1 {:.4}, mean length {:.1} tokens",
+                s.prompts, s.mean_reward, s.mean_reward_se, s.pass_at_1, s.response_len
             );
         }
     }
