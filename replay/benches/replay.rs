@@ -7,8 +7,13 @@
 //! skips the latency part.
 //!
 //! The replay case runs a writer and a reader in one thread, as before; the writer's helper
-//! thread (segment preparation and release, see the crate docs) runs beside it. The memcpy
-//! baselines are single-threaded.
+//! thread (segment preparation, recycling and release, see the crate docs) runs beside it. The
+//! reader publishes its consumed position every 64 MiB, as a learner does after its snapshots
+//! (far more often here), so retention recycles consumed segments. Two replay figures: a log
+//! that has been running (steady state: warmed up through 16 segments on the same writer and
+//! reader before the timed runs, which then continue it, so its segment files are recycled
+//! ones) and a fresh log (a new directory per run: the first segments are new files, as for an
+//! actor that just started). The memcpy baselines are single-threaded.
 
 use std::hint::black_box;
 use std::process::{Command, Stdio};
@@ -29,31 +34,48 @@ fn now_ns() -> u64 {
 
 const SEGMENT: usize = 64 << 20;
 
+/// A writer and the reader following it, in a directory of their own.
+struct Log {
+    _root: tempfile::TempDir,
+    w: ReplayWriter,
+    r: ReplayReader,
+}
+
+impl Log {
+    fn new() -> Log {
+        let root = tempfile::tempdir().unwrap();
+        let w = ReplayWriter::open(root.path().join("actor-0"), opts()).unwrap();
+        let r = ReplayReader::open(
+            root.path(),
+            ReaderOptions {
+                max_batch: 1 << 20,
+                ..Default::default()
+            },
+            None,
+        )
+        .unwrap();
+        Log { _root: root, w, r }
+    }
+}
+
 fn opts() -> WriterOptions {
     WriterOptions {
         segment_size: SEGMENT as u64,
-        max_segments: 1 << 16,
+        max_segments: 8,
         ..Default::default()
     }
 }
 
-/// GB/s of append (writer) + poll with CRC check (reader), one process, interleaved in batches.
-fn replay_throughput(size: usize, total: usize) -> f64 {
-    let root = tempfile::tempdir().unwrap();
-    let mut w = ReplayWriter::open(root.path().join("actor-0"), opts()).unwrap();
-    let mut r = ReplayReader::open(
-        root.path(),
-        ReaderOptions {
-            max_batch: 1 << 20,
-            ..Default::default()
-        },
-        None,
-    )
-    .unwrap();
+/// GB/s of append (writer) + poll with CRC check (reader), one process, interleaved in batches,
+/// continuing `log`; and the same without the time spent publishing the consumed position
+/// (two fsyncs every 64 MiB, the consumer's cost, which grows with other I/O on the machine).
+fn replay_throughput(log: &mut Log, size: usize, total: usize) -> (f64, f64) {
+    let Log { w, r, .. } = log;
     let payload: Vec<u8> = (0..size).map(|i| (i * 31) as u8).collect();
     let n = total / size;
     let batch = (8 << 20) / size;
     let start = Instant::now();
+    let mut publishing = Duration::ZERO;
     let mut read = 0;
     let mut checksum = 0u64;
     while read < n {
@@ -65,13 +87,17 @@ fn replay_throughput(size: usize, total: usize) -> f64 {
             read += 1;
         }
         // The learner publishes its consumed position rarely (after snapshots); every 64 MiB
-        // here keeps retention running without timing one fsync per batch.
+        // here keeps retention (and so recycling) running without timing one fsync per batch.
         if read % ((64 << 20) / size) == 0 {
+            let t = Instant::now();
             r.publish_consumed().unwrap();
+            publishing += t.elapsed();
         }
     }
     black_box(checksum);
-    (n * size) as f64 / start.elapsed().as_secs_f64() / 1e9
+    let elapsed = start.elapsed();
+    let gbs = |t: Duration| (n * size) as f64 / t.as_secs_f64() / 1e9;
+    (gbs(elapsed), gbs(elapsed - publishing))
 }
 
 /// GB/s of copying the same number of records into one pre-faulted buffer as large as a segment
@@ -241,33 +267,46 @@ fn main() {
         "{} MiB per case, median of {reps} interleaved runs. memcpy baselines, the same records from \
          one hot source buffer: into one pre-faulted 64 MiB buffer (reused); into a fresh 64 MiB \
          MADV_HUGEPAGE anonymous mapping per 64 MiB (fresh); into a fresh fallocated, mapped, \
-         then deleted 64 MiB file per 64 MiB (fresh file)",
+         then deleted 64 MiB file per 64 MiB (fresh file). Ratios: of the medians (median of \
+         the per-run ratios in parentheses)",
         total >> 20
     );
     println!();
     println!(
-        "| record size | replay append+read GB/s | memcpy reused GB/s | ratio | memcpy fresh GB/s | ratio | memcpy fresh file GB/s | ratio |"
+        "| record size | replay append+read GB/s, running log | ratio to memcpy reused | same, without publishing | ratio | fresh log | memcpy reused GB/s | memcpy fresh GB/s | memcpy fresh file GB/s |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for size in [4 << 10, 256 << 10] {
-        let _ = replay_throughput(size, total / 8); // warm-up
-        let mut runs: [Vec<f64>; 4] = Default::default();
+        let mut log = Log::new();
+        let _ = replay_throughput(&mut log, size, 16 * SEGMENT); // warm-up: files recycled
+        let mut runs: [Vec<f64>; 6] = Default::default();
         for _ in 0..reps {
-            runs[0].push(replay_throughput(size, total));
-            runs[1].push(memcpy_reused(size, total));
-            runs[2].push(memcpy_fresh(size, total));
-            runs[3].push(memcpy_file(size, total));
+            let (all, unpublished) = replay_throughput(&mut log, size, total);
+            runs[0].push(all);
+            runs[1].push(unpublished);
+            runs[2].push(replay_throughput(&mut Log::new(), size, total).0);
+            runs[3].push(memcpy_reused(size, total));
+            runs[4].push(memcpy_fresh(size, total));
+            runs[5].push(memcpy_file(size, total));
         }
         if std::env::var_os("REPLAY_BENCH_VERBOSE").is_some() {
-            eprintln!("{size} B: replay, reused, fresh, file: {runs:.2?}");
+            eprintln!(
+                "{size} B: running, running without publishing, fresh log, reused, fresh, file: \
+                 {runs:.2?}"
+            );
         }
-        let [replay, reused, fresh, file] = runs.map(median);
+        // Ratios of medians and medians of the per-run ratios (runs are interleaved, so a run's
+        // ratio compares the log and memcpy under the same load).
+        let ratio = |a: &[f64], b: &[f64]| median(a.iter().zip(b).map(|(x, y)| x / y).collect());
+        let per_run = (ratio(&runs[0], &runs[3]), ratio(&runs[1], &runs[3]));
+        let [replay, unpublished, new_log, reused, fresh, file] = runs.map(median);
         println!(
-            "| {} KiB | {replay:.2} | {reused:.2} | {:.2} | {fresh:.2} | {:.2} | {file:.2} | {:.2} |",
+            "| {} KiB | {replay:.2} | {:.2} ({:.2}) | {unpublished:.2} | {:.2} ({:.2}) | {new_log:.2} | {reused:.2} | {fresh:.2} | {file:.2} |",
             size >> 10,
             replay / reused,
-            replay / fresh,
-            replay / file
+            per_run.0,
+            unpublished / reused,
+            per_run.1,
         );
     }
     if std::env::var_os("REPLAY_BENCH_NO_LATENCY").is_some() {

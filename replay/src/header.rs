@@ -36,6 +36,27 @@
 //! that finds a zero `len` at an offset below it knows the length was destroyed (corruption)
 //! rather than not written yet, and skips ahead instead of waiting for a segment that will not
 //! change. Segments written before this field existed hold zero there: no information.
+//!
+//! # Recycled files (format version 2)
+//!
+//! A writer reuses the file of a segment every consumer has finished with for a later segment
+//! (see `writer`), without clearing its body: the bytes after `published_end` may be records
+//! of the file's previous life. Two rules keep them harmless:
+//!
+//! - **Sequence floor.** Seqs only grow, so every stale record (and end marker) has a seq below
+//!   the new segment's `first_seq`. Readers, crash recovery and `inspect` accept a record or
+//!   end marker only when its seq is at least the next one they expect, which starts at
+//!   `first_seq`; a stale one is never accepted.
+//! - **High-water mark.** A version 2 segment's `published_end` is set to the end of its header
+//!   when the segment is created and only grows. Readers of the active segment read nothing at
+//!   or past it (so they never look at stale bytes the writer is overwriting), and a scan
+//!   beyond it (crash recovery, `inspect`) takes only records that continue the sequence
+//!   exactly, then stops without reporting the rest as damage: it is unwritten space.
+//!
+//! Version 1 segments were never recycled (their unwritten space reads as zeros); this build
+//! reads both and writes version 2, so that an older build refuses a segment it would misread.
+//! The segment's `index` word is the recycling sign for a process that still maps the file:
+//! it changes (to the new index) before any byte of the new life is written.
 
 /// Size of a record header.
 pub const RECORD_HEADER_LEN: usize = 32;
@@ -47,12 +68,16 @@ pub const RECORD_MAGIC: u32 = u32::from_le_bytes(*b"CREC");
 pub const SEAL_MAGIC: u32 = u32::from_le_bytes(*b"CEND");
 /// Magic of a segment file.
 pub const SEGMENT_MAGIC: [u8; 8] = *b"CASCRPL1";
-/// Segment format version this build reads and writes.
-pub const SEGMENT_FORMAT_VERSION: u32 = 1;
+/// Segment format version this build writes (it also reads version 1, see the module docs).
+pub const SEGMENT_FORMAT_VERSION: u32 = 2;
+/// Oldest segment format version this build reads.
+pub const OLDEST_READ_VERSION: u32 = 1;
 /// Offset of the `len` word inside a record header.
 pub const LEN_OFFSET: usize = 4;
 /// Offset of the `published_end` word inside the segment header (8-byte aligned).
 pub const PUBLISHED_END_OFFSET: usize = 48;
+/// Offset of the `index` word inside the segment header (8-byte aligned).
+pub const INDEX_OFFSET: usize = 16;
 
 /// What the caller says about a record; stored in its header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -199,9 +224,10 @@ impl SegmentHeader {
             return Err("segment header CRC mismatch".into());
         }
         let version = u32_at(8);
-        if version != SEGMENT_FORMAT_VERSION {
+        if !(OLDEST_READ_VERSION..=SEGMENT_FORMAT_VERSION).contains(&version) {
             return Err(format!(
-                "segment format version {version} is not supported (this build reads {SEGMENT_FORMAT_VERSION})"
+                "segment format version {version} is not supported (this build reads \
+                 {OLDEST_READ_VERSION} to {SEGMENT_FORMAT_VERSION})"
             ));
         }
         if u32_at(12) as usize != SEGMENT_HEADER_LEN {

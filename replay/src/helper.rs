@@ -9,11 +9,16 @@
 //!   whole mapping writable. The file keeps its temporary name, invisible to readers, until
 //!   the writer rolls: then it writes the header, msyncs it and renames the file into place
 //!   ([`crate::segment::finish_segment`]), exactly as a segment created on the spot.
+//!   **Recycle** instead when the writer hands over a consumed segment's file (and its
+//!   mapping): rename `seg-<old>.log` to `seg-<N+1>.log.tmp`, store the new index in its
+//!   header, re-fault any page written back since (`crate::segment::recycle_segment`). No
+//!   page is allocated, zeroed or freed, which is most of what a fresh segment costs.
 //! - **Release** the writer's mappings of deleted segments, so that the kernel frees their
 //!   pages here rather than in `append`.
 //!
-//! Nothing the helper does is visible to readers or needed for crash safety: a spare left
-//! behind by a crash is a `.tmp` file, removed when the next writer opens the directory.
+//! Nothing the helper does is needed for crash safety: a spare left behind by a crash is a
+//! `.tmp` file, removed when the next writer opens the directory (a recycled one had been
+//! consumed, so removing it is what retention would have done).
 
 use std::path::PathBuf;
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -21,11 +26,40 @@ use std::thread::JoinHandle;
 
 use crate::error::Result;
 use crate::mmap::Mapping;
-use crate::segment::{prepare_segment, Spare};
+use crate::segment::{prepare_segment, recycle_segment, Spare};
 
 enum Job {
-    Prepare { dir: PathBuf, index: u64, size: u64 },
+    Prepare {
+        dir: PathBuf,
+        index: u64,
+        size: u64,
+        /// A consumed segment's file to reuse: (its index, this writer's mapping of it).
+        reuse: Option<(u64, Mapping)>,
+    },
     Release(Mapping),
+}
+
+/// Prepares spare `index`: recycles `reuse` when given (falling back to a new file if that
+/// fails, e.g. the file is gone), else creates a new file.
+pub(crate) fn make_spare(
+    dir: &std::path::Path,
+    index: u64,
+    size: u64,
+    reuse: Option<(u64, Mapping)>,
+    populate: bool,
+) -> Result<Spare> {
+    if let Some((old, map)) = reuse {
+        if map.len() == size {
+            if let Ok(spare) = recycle_segment(dir, old, map, index, populate) {
+                return Ok(spare);
+            }
+        } else {
+            drop(map);
+            let path = dir.join(crate::segment::segment_file_name(old));
+            let _ = std::fs::remove_file(path);
+        }
+    }
+    prepare_segment(dir, index, size, populate)
 }
 
 /// Handle of the helper thread of one writer. Without a thread (spawning failed) every job
@@ -59,8 +93,13 @@ impl Helper {
                 .spawn(move || {
                     for job in rx {
                         match job {
-                            Job::Prepare { dir, index, size } => {
-                                if tx.send(prepare_segment(&dir, index, size, true)).is_err() {
+                            Job::Prepare {
+                                dir,
+                                index,
+                                size,
+                                reuse,
+                            } => {
+                                if tx.send(make_spare(&dir, index, size, reuse, true)).is_err() {
                                     return;
                                 }
                             }
@@ -88,15 +127,32 @@ impl Helper {
         self.pending.is_some()
     }
 
-    /// Starts preparing segment `index` unless one is already pending.
-    pub(crate) fn prepare(&mut self, dir: PathBuf, index: u64, size: u64) {
+    /// Starts preparing segment `index` unless one is already pending, from the file of
+    /// `reuse` when given. Gives `reuse` back when the job was not started.
+    pub(crate) fn prepare(
+        &mut self,
+        dir: PathBuf,
+        index: u64,
+        size: u64,
+        reuse: Option<(u64, Mapping)>,
+    ) -> Option<(u64, Mapping)> {
         if self.pending.is_some() {
-            return;
+            return reuse;
         }
         // Without a thread there is nothing to overlap with: the writer creates the segment
         // when it needs it, as `take` then returns `None`.
-        if self.send(Job::Prepare { dir, index, size }).is_ok() {
-            self.pending = Some(index);
+        match self.send(Job::Prepare {
+            dir,
+            index,
+            size,
+            reuse,
+        }) {
+            Ok(()) => {
+                self.pending = Some(index);
+                None
+            }
+            Err(Job::Prepare { reuse, .. }) => reuse,
+            Err(Job::Release(_)) => None,
         }
     }
 

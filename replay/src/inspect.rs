@@ -8,7 +8,9 @@ use serde::Serialize;
 use crate::error::{IoContext, Result};
 use crate::header::{RecordMeta, RECORD_HEADER_LEN};
 use crate::mmap::Mapping;
-use crate::segment::{list_segments, parse_segment_file_name, scan_segment, Corruption};
+use crate::segment::{
+    list_segments, parse_segment_file_name, recycled, scan_segment, Corruption, SegmentScan,
+};
 
 /// Summary of one actor directory.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -96,7 +98,33 @@ fn actor_dirs(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
     Ok(out)
 }
 
-/// Scans every actor directory under `dir` (or `dir` itself).
+/// Maps and scans segment `index` at `path`. `None` when the file is gone: deleted by retention
+/// before it was opened, or recycled for a later segment while it was scanned (a writer only
+/// does either to segments every consumer is done with, and renames a file before it changes
+/// its index word, so a changed index with the name gone is recycling, not damage).
+fn scan_file(index: u64, path: &Path) -> Result<Option<(Mapping, SegmentScan)>> {
+    let map = match Mapping::open_read(path) {
+        Ok(m) => m,
+        Err(crate::ReplayError::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            return Ok(None)
+        }
+        Err(e) => return Err(e),
+    };
+    let scan = scan_segment(&map);
+    if gone(&map, index, path) {
+        return Ok(None);
+    }
+    Ok(Some((map, scan)))
+}
+
+fn gone(map: &Mapping, index: u64, path: &Path) -> bool {
+    recycled(map, index) && !path.exists()
+}
+
+/// Scans every actor directory under `dir` (or `dir` itself). Segments deleted or recycled
+/// by a live writer while they are looked at are left out.
 pub fn inspect(dir: impl AsRef<Path>) -> Result<Report> {
     let mut report = Report::default();
     for (actor, dir) in actor_dirs(dir.as_ref())? {
@@ -105,11 +133,12 @@ pub fn inspect(dir: impl AsRef<Path>) -> Result<Report> {
             dir: dir.clone(),
             ..Default::default()
         };
-        for (_, path) in list_segments(&dir)? {
+        for (index, path) in list_segments(&dir)? {
+            let Some((map, scan)) = scan_file(index, &path)? else {
+                continue;
+            };
             a.segments += 1;
-            a.bytes_on_disk += std::fs::metadata(&path).at(&path)?.len();
-            let map = Mapping::open_read(&path)?;
-            let scan = scan_segment(&map);
+            a.bytes_on_disk += map.len();
             let mut push = |offset: u64, reason: String| {
                 a.corruptions.push(Corruption {
                     actor: actor.clone(),
@@ -142,18 +171,21 @@ pub fn inspect(dir: impl AsRef<Path>) -> Result<Report> {
 pub fn dump(dir: impl AsRef<Path>, n: usize) -> Result<Vec<DumpedRecord>> {
     let mut out = Vec::new();
     for (actor, dir) in actor_dirs(dir.as_ref())? {
-        for (_, path) in list_segments(&dir)? {
-            let map = Mapping::open_read(&path)?;
-            for (offset, h) in scan_segment(&map).records {
-                if out.len() >= n {
-                    return Ok(out);
-                }
+        for (index, path) in list_segments(&dir)? {
+            if out.len() >= n {
+                return Ok(out);
+            }
+            let Some((map, scan)) = scan_file(index, &path)? else {
+                continue;
+            };
+            let mut records = Vec::new();
+            for (offset, h) in scan.records.into_iter().take(n - out.len()) {
                 let len = h.len as u64 - RECORD_HEADER_LEN as u64;
                 let payload = map
                     .bytes(offset + RECORD_HEADER_LEN as u64, len)
                     .map(<[u8]>::to_vec)
                     .unwrap_or_default();
-                out.push(DumpedRecord {
+                records.push(DumpedRecord {
                     actor: actor.clone(),
                     seq: h.seq,
                     meta: h.meta,
@@ -161,6 +193,10 @@ pub fn dump(dir: impl AsRef<Path>, n: usize) -> Result<Vec<DumpedRecord>> {
                     offset,
                     payload,
                 });
+            }
+            // The copies are the records' only if the file was not recycled meanwhile.
+            if !gone(&map, index, &path) {
+                out.extend(records);
             }
         }
     }

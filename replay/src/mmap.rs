@@ -6,19 +6,25 @@
 //! 1. **One writer per file.** Only the process holding the actor directory's lock writes to
 //!    its segments; everyone else maps them read-only.
 //! 2. **Files never shrink.** Segments are preallocated to their final size before they are
-//!    renamed into place and are never truncated or rewritten while they exist (a truncated
-//!    mapped file raises SIGBUS). Retention only unlinks whole files, which leaves existing
+//!    renamed into place and are never truncated (a truncated mapped file raises SIGBUS).
+//!    Retention unlinks whole files or renames them for recycling; both leave existing
 //!    mappings valid.
 //! 3. **Publish last.** A record's bytes are written first; its `len` word is stored last with
 //!    `Release` ordering and read with `Acquire`. Bytes of a record whose `len` was seen
-//!    non-zero are never written again (crash recovery only zeroes bytes after the last
-//!    CRC-valid record, which were never handed out).
+//!    non-zero are not written again while the file is that segment (crash recovery only
+//!    zeroes bytes after the last CRC-valid record, which were never handed out).
+//! 4. **Recycling changes the index first.** A segment's file is reused for a later segment
+//!    only once every registered consumer has published a consumed position past all its
+//!    records, and the first change to the file is its header's index word (an `AtomicU64`,
+//!    followed by a fence), before any other byte. A reader that still maps it checks that word
+//!    (after an `Acquire` fence) after reading a record and before trusting it, so what it
+//!    hands out was the segment's own; see `segment::recycled`.
 //!
 //! Offsets of `len` words are 4-byte aligned (records start at 8-byte aligned offsets and the
-//! mapping is page aligned), which is what `AtomicU32` needs. The one other shared word of a
-//! segment, `published_end` in its header, is 8-byte aligned and only ever accessed as an
-//! `AtomicU64`; it is the single place where bytes are rewritten after publication, and it is
-//! outside every CRC.
+//! mapping is page aligned), which is what `AtomicU32` needs. The other shared words of a
+//! segment, `published_end` and `index` in its header, are 8-byte aligned and accessed as
+//! `AtomicU64` wherever they can change under a reader; `published_end` is rewritten after
+//! publication and is outside every CRC.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -123,10 +129,12 @@ impl Mapping {
 
     /// `len` bytes at `offset`, or `None` when out of bounds.
     ///
-    /// Bytes of published records never change (invariant 3). Callers that look at bytes not
-    /// yet published (resynchronising after corruption) must treat them as untrusted: they are
-    /// validated by CRC before any use, and a concurrent writer can only turn them into a valid
-    /// record, never make a validated one invalid.
+    /// Bytes of published records do not change while the file is their segment (invariants 3
+    /// and 4). Callers that look at bytes not yet published (resynchronising after corruption,
+    /// or a recycled file's stale bytes) must treat them as untrusted: they are validated by
+    /// CRC and sequence number before any use, and a concurrent writer can only turn them into
+    /// a valid record, never make a validated one invalid short of recycling the file, which
+    /// readers detect (invariant 4).
     pub(crate) fn bytes(&self, offset: u64, len: u64) -> Option<&[u8]> {
         let end = offset.checked_add(len)?;
         if end > self.len() {
@@ -227,7 +235,9 @@ impl Mapping {
         // SAFETY: the destination is inside the mapping (checked above) and `data` is a
         // separate Rust slice, so the ranges do not overlap. Only this process writes the file
         // (invariant 1, enforced by the directory lock) and it only writes bytes that are not
-        // published yet (invariant 3), so no reader holds a validated view of them.
+        // published yet (invariant 3) or belong to a recycled file every registered reader is
+        // done with, whose index word changed first (invariant 4), so no reader trusts a view
+        // of them.
         unsafe {
             std::ptr::copy_nonoverlapping(
                 data.as_ptr(),

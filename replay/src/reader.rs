@@ -11,8 +11,8 @@ use crate::error::{ReplayError, Result};
 use crate::header::{RecordMeta, PUBLISHED_END_OFFSET, RECORD_HEADER_LEN, SEGMENT_HEADER_LEN};
 use crate::mmap::Mapping;
 use crate::segment::{
-    check_header, list_segments, read_slot, resync, resync_range, segment_file_name, Corruption,
-    Slot,
+    check_header, list_segments, read_slot, recycled, resync, resync_range, segment_file_name,
+    Corruption, Slot,
 };
 
 /// Reader settings.
@@ -36,13 +36,31 @@ impl Default for ReaderOptions {
     }
 }
 
-/// A validated record's payload, borrowed zero-copy from the mapped segment. Published bytes
-/// are never rewritten, and the mapping stays valid even after retention unlinks the file.
+/// A validated record's payload, borrowed zero-copy from the mapped segment.
+///
+/// The bytes stay as validated until every consumer registered with the writer (through its
+/// consumed-position file, [`ReplayReader::publish_consumed`]) has published a position past
+/// this record: then the writer may recycle the segment's file for a later segment and
+/// overwrite them (the mapping itself stays valid; nothing is truncated). A registered consumer
+/// therefore must not use a payload after publishing a position past it; the reader never hands
+/// one out from a recycled file. A reader that publishes no position has no such guarantee
+/// once the registered consumers are past the record: copy the payload, or check
+/// [`Payload::is_intact`] after using it.
 #[derive(Clone)]
 pub struct Payload {
     map: Arc<Mapping>,
+    /// The segment the record was validated in.
+    segment: u64,
     offset: u64,
     len: u64,
+}
+
+impl Payload {
+    /// Whether the segment file still holds this record, i.e. has not been recycled since it
+    /// was validated. `true` after reading the bytes means they were the record's.
+    pub fn is_intact(&self) -> bool {
+        !recycled(&self.map, self.segment)
+    }
 }
 
 impl std::ops::Deref for Payload {
@@ -126,6 +144,9 @@ impl Stream {
         };
         let header = match check_header(&map, index) {
             Ok(h) => h,
+            // Recycled between opening and checking (the rename comes first): it was consumed;
+            // look again next time.
+            Err(_) if !path.exists() => return Ok(false),
             Err(e) => {
                 if self.bad_segment != Some(index) {
                     self.bad_segment = Some(index);
@@ -167,7 +188,9 @@ impl Stream {
                     next_seq: c.next_seq,
                 };
             }
-            Some(_) => {}
+            // Records of this segment have seqs from `first_seq` on: a lower bound keeps stale
+            // bytes of a recycled file from ever being taken for records.
+            Some(c) => c.next_seq = c.next_seq.max(header.first_seq),
         }
         self.map = Some(Arc::new(map));
         Ok(true)
@@ -193,6 +216,19 @@ impl Stream {
         found
     }
 
+    /// Whether the mapped segment was recycled under us (only a reader that publishes no
+    /// consumed position, or one still at the end of a segment it has published past, sees
+    /// this). Drops the mapping: the next look finds the cursor's segment gone, which is fine
+    /// when nothing of it was left to read and [`ReplayError::CursorLost`] otherwise.
+    fn gone(&mut self, map: &Mapping, segment: u64) -> bool {
+        if recycled(map, segment) {
+            self.map = None;
+            self.searched = None;
+            return true;
+        }
+        false
+    }
+
     /// Moves to the next segment if it exists.
     fn advance(&mut self) -> Result<bool> {
         let c = self.cursor.expect("advance with a cursor");
@@ -216,7 +252,20 @@ impl Stream {
             }
             let map = self.map.clone().expect("mapped");
             let cur = self.cursor.expect("cursor");
+            // Nothing at or past the writer's high-water mark is read while the writer may be
+            // writing there: in a recycled file those bytes are the previous life's, being
+            // overwritten. (0: a segment older than the mark, whose unwritten space is zero.)
+            let end = map.load_acquire_u64(PUBLISHED_END_OFFSET as u64);
+            if end != 0 && cur.offset >= end && !self.next_exists(cur.segment) {
+                if self.gone(&map, cur.segment) {
+                    continue;
+                }
+                return Ok(None);
+            }
             let slot = read_slot(&map, cur.offset);
+            if self.gone(&map, cur.segment) {
+                continue;
+            }
             match slot {
                 Slot::Record(h) if h.seq >= cur.next_seq => {
                     let after = Cursor {
@@ -227,6 +276,7 @@ impl Stream {
                     self.cursor = Some(after);
                     let payload = Payload {
                         map,
+                        segment: cur.segment,
                         offset: cur.offset + RECORD_HEADER_LEN as u64,
                         len: h.len as u64 - RECORD_HEADER_LEN as u64,
                     };
@@ -238,7 +288,7 @@ impl Stream {
                         cursor_after: after,
                     }));
                 }
-                Slot::Seal(h) => {
+                Slot::Seal(h) if h.seq >= cur.next_seq => {
                     if !self.advance()? {
                         return Ok(None);
                     }
@@ -266,6 +316,7 @@ impl Stream {
                             continue;
                         }
                         match self.search_published(&map, cur, end) {
+                            Some(_) if self.gone(&map, cur.segment) => continue,
                             Some(at) => {
                                 self.report(
                                     corruptions,
@@ -285,7 +336,11 @@ impl Stream {
                     if read_slot(&map, cur.offset) != Slot::Empty {
                         continue;
                     }
-                    match resync(&map, cur.offset, cur.next_seq) {
+                    let found = resync(&map, cur.offset, cur.next_seq);
+                    if self.gone(&map, cur.segment) {
+                        continue;
+                    }
+                    match found {
                         Some(at) => {
                             self.report(
                                 corruptions,
@@ -306,7 +361,7 @@ impl Stream {
                         }
                     }
                 }
-                Slot::Record(_) | Slot::Corrupt(_) => {
+                Slot::Record(_) | Slot::Seal(_) | Slot::Corrupt(_) => {
                     let reason = match slot {
                         Slot::Corrupt(r) => r,
                         _ => "sequence number goes backwards",
@@ -318,6 +373,9 @@ impl Stream {
                     } else {
                         resync(&map, cur.offset, cur.next_seq)
                     };
+                    if self.gone(&map, cur.segment) {
+                        continue;
+                    }
                     match found {
                         Some(at) => {
                             self.report(corruptions, &map, cur.offset, reason);

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{IoContext, ReplayError, Result};
 use crate::header::{
-    align8, RecordHeader, SegmentHeader, LEN_OFFSET, RECORD_HEADER_LEN, RECORD_MAGIC, SEAL_MAGIC,
-    SEGMENT_HEADER_LEN,
+    align8, RecordHeader, SegmentHeader, INDEX_OFFSET, LEN_OFFSET, PUBLISHED_END_OFFSET,
+    RECORD_HEADER_LEN, RECORD_MAGIC, SEAL_MAGIC, SEGMENT_HEADER_LEN,
 };
 use crate::mmap::Mapping;
 
@@ -51,8 +51,9 @@ pub(crate) fn fsync_dir(dir: &Path) -> Result<()> {
 }
 
 /// A segment file under its temporary name (`seg-N.log.tmp`, invisible to readers):
-/// preallocated, fsynced and mapped, without a header yet. [`finish_segment`] turns it into
-/// segment `index`.
+/// preallocated, fsynced and mapped, without a header for `index` yet (a fresh file's header
+/// is zero; a recycled file still holds its previous header, except the index word, see
+/// [`recycle_segment`]). [`finish_segment`] turns it into segment `index`.
 #[derive(Debug)]
 pub(crate) struct Spare {
     /// Its future index.
@@ -121,10 +122,92 @@ pub(crate) fn prepare_segment(dir: &Path, index: u64, size: u64, populate: bool)
     Ok(Spare { index, map, tmp })
 }
 
-/// Turns a spare into segment `spare.index` starting at `first_seq`: writes the header,
-/// msyncs it, renames the file into place and fsyncs the directory. A renamed segment always
-/// has a durable, valid header.
-pub(crate) fn finish_segment(dir: &Path, spare: Spare, first_seq: u64) -> Result<Mapping> {
+/// Reuses the file of consumed segment `old_index` (mapped writable by this writer as `map`)
+/// as the spare for segment `index`: renames `seg-<old_index>.log` to `seg-<index>.log.tmp`
+/// (atomic: readers that look the segment up by name no longer find it), then stores `index`
+/// in the header's index word, which tells every process still mapping the file that it is
+/// not segment `old_index` any more, before any byte of the new life is written. The body is
+/// left as it is: the page-cache pages stay resident and mapped, and stale records are never
+/// accepted (see `header`, "Recycled files"). The file keeps its size: nothing is truncated
+/// under a mapping. With `populate`, pages written back since are faulted in writable again.
+pub(crate) fn recycle_segment(
+    dir: &Path,
+    old_index: u64,
+    mut map: Mapping,
+    index: u64,
+    populate: bool,
+) -> Result<Spare> {
+    let old = dir.join(segment_file_name(old_index));
+    let tmp = dir.join(format!("{}.tmp", segment_file_name(index)));
+    std::fs::rename(&old, &tmp).at(&old)?;
+    // Durable before the file changes: after a power loss the old name never comes back with
+    // bytes of the new life in it.
+    fsync_dir(dir)?;
+    map.store_release_u64(INDEX_OFFSET as u64, index);
+    // Later writes (the rest of the header, then the body, by the writer thread after the
+    // spare is handed over) must not become visible before the new index does.
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    // A placeholder header (valid, `first_seq` = `u64::MAX`): should it reach the disk under
+    // the final name without the real header (power loss), recovery knows it for what it is.
+    let placeholder = SegmentHeader {
+        index,
+        first_seq: u64::MAX,
+        size: map.len(),
+    }
+    .to_bytes();
+    map.write(0, &placeholder[..INDEX_OFFSET]);
+    map.write(
+        INDEX_OFFSET as u64 + 8,
+        &placeholder[INDEX_OFFSET + 8..PUBLISHED_END_OFFSET],
+    );
+    map.set_path(tmp.clone());
+    if populate {
+        map.populate_write();
+    }
+    Ok(Spare { index, map, tmp })
+}
+
+/// Whether `map`, opened as segment `index`, has been recycled for a later segment since: its
+/// header's index word changed. Call it after reading bytes of the segment and before trusting
+/// them: when it returns `false`, every byte read before the call was the segment's own.
+pub(crate) fn recycled(map: &Mapping, index: u64) -> bool {
+    std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+    map.len() >= SEGMENT_HEADER_LEN as u64 && map.load_acquire_u64(INDEX_OFFSET as u64) != index
+}
+
+/// Whether a segment file's header says that its creation never became durable: a recycled
+/// file's header other than the final one (its previous life's, with a smaller index, or the
+/// placeholder of [`recycle_segment`]), or, for the newest segment (`last`) only, all zeros (a
+/// new file's). Only a power loss leaves such a file under a segment name (the final header is
+/// written before the rename, and [`crate::ReplayWriter::sync`] makes it durable before it
+/// returns), so it holds no record that was synced. (A zeroed header of an older segment is
+/// damage, not this: the writer refuses it, as any bad header.)
+pub(crate) fn never_created(head: &[u8], index: u64, last: bool) -> bool {
+    if last
+        && head.len() >= SEGMENT_HEADER_LEN
+        && head[..SEGMENT_HEADER_LEN].iter().all(|&b| b == 0)
+    {
+        return true;
+    }
+    match SegmentHeader::from_bytes(head) {
+        Ok(h) => h.index < index || (h.index == index && h.first_seq == u64::MAX),
+        Err(_) => false,
+    }
+}
+
+/// Turns a spare into segment `spare.index` starting at `first_seq`: writes the header (with
+/// `published_end` at the end of the header: nothing published yet, whatever the body holds),
+/// then renames the file into place. With `durable`, the header is msynced before the rename
+/// and the directory fsynced after it; without, the caller makes both durable later (the
+/// writer does in `sync`, see [`never_created`] for what a power loss in between leaves).
+/// Either way a process killed at any point leaves either the temporary name or the segment
+/// name with its complete header, as the header is written before the rename.
+pub(crate) fn finish_segment(
+    dir: &Path,
+    spare: Spare,
+    first_seq: u64,
+    durable: bool,
+) -> Result<Mapping> {
     let Spare {
         index,
         mut map,
@@ -136,14 +219,30 @@ pub(crate) fn finish_segment(dir: &Path, spare: Spare, first_seq: u64) -> Result
         size: map.len(),
     };
     let path = dir.join(segment_file_name(index));
-    map.write(0, &header.to_bytes());
-    if let Err(e) = map.flush(0, SEGMENT_HEADER_LEN as u64) {
-        drop(map);
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
+    let bytes = header.to_bytes();
+    // The index word first (a recycled spare already holds it), the rest of the header after.
+    map.store_release_u64(INDEX_OFFSET as u64, index);
+    map.write(0, &bytes[..INDEX_OFFSET]);
+    map.write(
+        INDEX_OFFSET as u64 + 8,
+        &bytes[INDEX_OFFSET + 8..PUBLISHED_END_OFFSET],
+    );
+    map.store_release_u64(PUBLISHED_END_OFFSET as u64, SEGMENT_HEADER_LEN as u64);
+    map.write(
+        PUBLISHED_END_OFFSET as u64 + 8,
+        &bytes[PUBLISHED_END_OFFSET + 8..],
+    );
+    if durable {
+        if let Err(e) = map.flush(0, SEGMENT_HEADER_LEN as u64) {
+            drop(map);
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
     }
     std::fs::rename(&tmp, &path).at(&path)?;
-    fsync_dir(dir)?;
+    if durable {
+        fsync_dir(dir)?;
+    }
     map.set_path(path);
     Ok(map)
 }
@@ -152,7 +251,7 @@ pub(crate) fn finish_segment(dir: &Path, spare: Spare, first_seq: u64) -> Result
 /// prefaulting, then [`finish_segment`].
 pub(crate) fn create_segment(dir: &Path, index: u64, first_seq: u64, size: u64) -> Result<Mapping> {
     let spare = prepare_segment(dir, index, size, false)?;
-    finish_segment(dir, spare, first_seq)
+    finish_segment(dir, spare, first_seq, true)
 }
 
 /// Writes `bytes` to `path` through `path.tmp` + fsync + rename + directory fsync, so readers
@@ -294,6 +393,13 @@ pub(crate) struct SegmentScan {
 
 /// Scans a whole segment: every valid record, corrupt regions (skipped by resync), the end of
 /// valid data. Used by the writer's crash recovery and by `inspect`.
+///
+/// Below the writer's high-water mark (`published_end`, when set) everything was published,
+/// so anything invalid there is damage. At and past it lies space the writer had not published
+/// (a record being written at a crash, or a recycled file's stale records, see `header`): only
+/// records continuing the sequence exactly are taken there (a record whose `len` was stored
+/// just before a crash, or records synced while the header's mark was not), and the first
+/// anything else ends the data, without a report.
 pub(crate) fn scan_segment(map: &Mapping) -> SegmentScan {
     let mut scan = SegmentScan {
         end: SEGMENT_HEADER_LEN as u64,
@@ -315,29 +421,53 @@ pub(crate) fn scan_segment(map: &Mapping) -> SegmentScan {
             ));
         }
     }
+    // 0: a segment from before the mark existed, no information (and never recycled).
+    let published = match map.load_acquire_u64(PUBLISHED_END_OFFSET as u64) {
+        0 => u64::MAX,
+        end => end,
+    };
     let mut offset = SEGMENT_HEADER_LEN as u64;
     let mut next_min_seq = scan.header.map_or(0, |h| h.first_seq);
     loop {
-        match read_slot(map, offset) {
+        let slot = read_slot(map, offset);
+        if offset >= published {
+            match slot {
+                Slot::Record(h) if h.seq == next_min_seq => {
+                    scan.records.push((offset, h));
+                    next_min_seq = h.seq + 1;
+                    offset += h.padded_len();
+                    scan.end = offset;
+                    continue;
+                }
+                Slot::Seal(h) if h.seq == next_min_seq => {
+                    scan.sealed = true;
+                    scan.end = offset + h.padded_len();
+                }
+                _ => {}
+            }
+            break;
+        }
+        match slot {
             Slot::End => break,
-            // Like the reader, a record whose seq goes backwards is damage: a writer resuming
-            // after it would otherwise reuse seqs the reader has already passed.
+            // Like the reader, a record whose seq goes backwards is damage (or, in a recycled
+            // file, a stale record): a writer resuming after it would otherwise reuse seqs the
+            // reader has already passed.
             Slot::Record(h) if h.seq >= next_min_seq => {
                 scan.records.push((offset, h));
                 next_min_seq = h.seq + 1;
                 offset += h.padded_len();
                 scan.end = offset;
             }
-            Slot::Seal(h) => {
+            Slot::Seal(h) if h.seq >= next_min_seq => {
                 scan.sealed = true;
                 offset += h.padded_len();
                 scan.end = offset;
                 break;
             }
-            slot @ (Slot::Empty | Slot::Corrupt(_) | Slot::Record(_)) => {
+            slot @ (Slot::Empty | Slot::Corrupt(_) | Slot::Record(_) | Slot::Seal(_)) => {
                 let reason = match slot {
                     Slot::Corrupt(r) => Some(r),
-                    Slot::Record(_) => Some("sequence number goes backwards"),
+                    Slot::Record(_) | Slot::Seal(_) => Some("sequence number goes backwards"),
                     _ => None,
                 };
                 match resync(map, offset, next_min_seq) {

@@ -16,15 +16,19 @@ use crate::header::{
     RecordHeader, RecordMeta, SegmentHeader, LEN_OFFSET, PUBLISHED_END_OFFSET, RECORD_HEADER_LEN,
     RECORD_MAGIC, SEAL_MAGIC, SEGMENT_HEADER_LEN,
 };
-use crate::helper::Helper;
+use crate::helper::{make_spare, Helper};
 use crate::mmap::Mapping;
 use crate::segment::{
-    create_segment, finish_segment, list_segments, max_payload, record_size, scan_segment,
-    segment_file_name,
+    create_segment, finish_segment, fsync_dir, list_segments, max_payload, never_created,
+    prepare_segment, record_size, scan_segment, segment_file_name,
 };
 
 /// Name of the lock file that makes each actor directory single-writer.
 pub const LOCK_FILE: &str = "writer.lock";
+
+/// Consumed segments a writer keeps (under their names, mapped) to recycle as later segments;
+/// retention deletes consumed segments beyond these. They count within `max_segments`.
+pub(crate) const RECYCLE_POOL: usize = 2;
 
 /// Writer settings.
 #[derive(Debug, Clone)]
@@ -98,12 +102,17 @@ pub struct ReplayWriter {
     next_seq: u64,
     /// The active segment has its end marker (rolling to the next one failed, e.g. disk full).
     sealed: bool,
+    /// The active segment's header and name are durable (see `sync`).
+    header_synced: bool,
     /// Live segments, oldest first: (index, first seq).
     segments: VecDeque<(u64, u64)>,
     /// This writer's mappings of its earlier, still live (sealed) segments, oldest first. Kept
-    /// until retention deletes the segment, then unmapped on the helper thread, so that freeing
-    /// the pages never happens in `append`.
+    /// until retention retires the segment, then moved to the pool for recycling, or unmapped
+    /// on the helper thread, so that freeing the pages never happens in `append`.
     old: VecDeque<OldSegment>,
+    /// Consumed segments waiting to be recycled, oldest first: (index, writable mapping). Their
+    /// files keep their names until the helper (or `roll`) renames them.
+    pool: VecDeque<(u64, Mapping)>,
     /// Prepares the next segment and releases old mappings in the background.
     helper: Helper,
     /// Last consumed position read from disk (retention follows it).
@@ -122,6 +131,8 @@ struct OldSegment {
     synced_to: u64,
     /// End of the written bytes.
     end: u64,
+    /// Its header and name are durable.
+    header_synced: bool,
 }
 
 fn lock(dir: &Path) -> Result<File> {
@@ -165,31 +176,69 @@ impl ReplayWriter {
             _ => None,
         };
         let mut segments = VecDeque::new();
-        for (index, path) in list_segments(&dir)? {
-            let file = File::open(&path).at(&path)?;
+        // The first segment whose creation never became durable (only after a power loss):
+        // it and every later one are removed; none holds a synced record (see `sync`).
+        let mut lost: Option<u64> = None;
+        let listed = list_segments(&dir)?;
+        let newest = listed.last().map(|(i, _)| *i);
+        for (index, path) in listed {
+            if lost.is_some() {
+                std::fs::remove_file(&path).at(&path)?;
+                continue;
+            }
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .at(&path)?;
             let mut head = [0u8; SEGMENT_HEADER_LEN];
             file.read_exact_at(&mut head, 0).at(&path)?;
+            if never_created(&head, index, Some(index) == newest) {
+                lost = Some(index);
+                std::fs::remove_file(&path).at(&path)?;
+                continue;
+            }
             let h = SegmentHeader::from_bytes(&head).map_err(|reason| ReplayError::BadSegment {
                 path: path.clone(),
                 reason,
             })?;
+            if h.index > index {
+                return Err(ReplayError::BadSegment {
+                    path,
+                    reason: format!("header says segment {}, file name says {index}", h.index),
+                });
+            }
+            // The previous writer may have rolled to it without syncing since: make its header
+            // durable now, so that a power loss cannot take it back once this writer syncs
+            // records in a later segment.
+            Mapping::open_write(&file, &path)?.flush(0, SEGMENT_HEADER_LEN as u64)?;
             segments.push_back((index, h.first_seq));
         }
+        fsync_dir(&dir)?;
         let Some(&(last, _)) = segments.back() else {
-            let map = create_segment(&dir, 0, 0, opts.segment_size)?;
-            segments.push_back((0, 0));
+            // A fresh directory; or, after a power loss, only segments that never became
+            // durable were left: start over at the first of them, after every seq a consumer
+            // has already taken (nothing before it can come back).
+            let (index, first_seq) = match lost {
+                Some(index) => (index, read_min_consumed(&dir)?.unwrap_or(0)),
+                None => (0, 0),
+            };
+            let map = create_segment(&dir, index, first_seq, opts.segment_size)?;
+            segments.push_back((index, first_seq));
             return Ok(ReplayWriter {
                 dir,
                 opts,
                 _lock: lock,
                 map,
-                index: 0,
+                index,
                 offset: SEGMENT_HEADER_LEN as u64,
                 synced_to: SEGMENT_HEADER_LEN as u64,
-                next_seq: 0,
+                next_seq: first_seq,
                 sealed: false,
+                header_synced: true,
                 segments,
                 old: VecDeque::new(),
+                pool: VecDeque::new(),
                 helper: Helper::default(),
                 consumed: 0,
                 progress: 0,
@@ -230,8 +279,10 @@ impl ReplayWriter {
             synced_to: scan.end,
             next_seq,
             sealed: scan.sealed || damaged,
+            header_synced: true,
             segments,
             old: VecDeque::new(),
+            pool: VecDeque::new(),
             helper: Helper::default(),
             consumed: 0,
             progress: 0,
@@ -311,15 +362,31 @@ impl ReplayWriter {
         }
     }
 
-    /// Makes every appended record durable (msync of the written ranges).
+    /// Makes every appended record durable: msync of the written ranges, and of the headers
+    /// of the segments started since the last sync, then an fsync of the directory for their
+    /// names (rolling to a new segment defers both to here, off `append`).
     pub fn sync(&mut self) -> Result<()> {
+        let mut rolled = false;
         for old in &mut self.old {
             old.map.flush(old.synced_to, old.end - old.synced_to)?;
             old.synced_to = old.end;
+            if !old.header_synced {
+                old.map.flush(0, SEGMENT_HEADER_LEN as u64)?;
+                old.header_synced = true;
+                rolled = true;
+            }
         }
         self.map
             .flush(self.synced_to, self.offset - self.synced_to)?;
         self.synced_to = self.offset;
+        if !self.header_synced {
+            self.map.flush(0, SEGMENT_HEADER_LEN as u64)?;
+            self.header_synced = true;
+            rolled = true;
+        }
+        if rolled {
+            fsync_dir(&self.dir)?;
+        }
         Ok(())
     }
 
@@ -329,14 +396,19 @@ impl ReplayWriter {
         self.sealed = true;
     }
 
-    /// Asks the helper to prepare the segment after the active one, when one more segment
-    /// file fits within `max_segments` (the spare counts as one). Called once the active
-    /// segment is a quarter full: a writer that stops early never pays for a spare, and the
-    /// spare's prefaulted (dirty, zero) pages wait less long for the records.
+    /// Asks the helper to prepare the segment after the active one: from a consumed segment's
+    /// file when one waits in the pool, else as a new file when one more fits within
+    /// `max_segments` (spares and pooled files count). Called once the active segment is a
+    /// quarter full: a writer that stops early never pays for a spare, and the spare's
+    /// prefaulted (dirty, zero) pages wait less long for the records.
     fn prepare_next(&mut self) {
-        if self.segments.len() < self.opts.max_segments {
-            self.helper
-                .prepare(self.dir.clone(), self.index + 1, self.opts.segment_size);
+        let (dir, index, size) = (self.dir.clone(), self.index + 1, self.opts.segment_size);
+        if let Some(reuse) = self.pool.pop_front() {
+            if let Some(back) = self.helper.prepare(dir, index, size, Some(reuse)) {
+                self.pool.push_front(back);
+            }
+        } else if self.segments.len() + self.pool.len() < self.opts.max_segments {
+            self.helper.prepare(dir, index, size, None);
         }
     }
 
@@ -349,31 +421,39 @@ impl ReplayWriter {
             || format!("max_segments = {max}"),
         )?;
         let index = self.index + 1;
-        let map = match self.helper.take(index) {
-            Some(Ok(spare)) => finish_segment(&self.dir, spare, self.next_seq)?,
+        let size = self.opts.segment_size;
+        let spare = match self.helper.take(index) {
+            Some(Ok(spare)) => spare,
             // Without a spare, or when preparing it failed (a full disk then may have room now
-            // that retention ran), create the segment here; its error is the one reported.
-            Some(Err(_)) | None => {
-                create_segment(&self.dir, index, self.next_seq, self.opts.segment_size)?
-            }
+            // that retention ran), recycle a pooled file or create the segment here; its error
+            // is the one reported.
+            Some(Err(_)) | None => match self.pool.pop_front() {
+                Some(reuse) => make_spare(&self.dir, index, size, Some(reuse), false)?,
+                None => prepare_segment(&self.dir, index, size, false)?,
+            },
         };
+        // Header and name become durable in `sync` (no record in it is durable before then).
+        let map = finish_segment(&self.dir, spare, self.next_seq, false)?;
         let old = std::mem::replace(&mut self.map, map);
         self.old.push_back(OldSegment {
             index: self.index,
             map: old,
             synced_to: self.synced_to,
             end: self.offset,
+            header_synced: self.header_synced,
         });
         self.segments.push_back((index, self.next_seq));
         self.index = index;
         self.offset = SEGMENT_HEADER_LEN as u64;
         self.synced_to = self.offset;
         self.sealed = false;
+        self.header_synced = false;
         Ok(())
     }
 
-    /// Re-reads the consumed position and deletes every segment whose records all precede it
-    /// (never the active one).
+    /// Re-reads the consumed position and retires every segment whose records all precede it
+    /// (never the active one): up to [`RECYCLE_POOL`] go to the pool to be recycled, the rest
+    /// are deleted.
     fn refresh_consumed(&mut self) -> Result<()> {
         self.consumed = read_min_consumed(&self.dir)?.unwrap_or(0);
         self.progress = read_min_progress(&self.dir)?
@@ -386,16 +466,36 @@ impl ReplayWriter {
                 break;
             }
             let path = self.dir.join(segment_file_name(index));
+            self.segments.pop_front();
+            let mut mapped = None;
+            while self.old.front().is_some_and(|o| o.index <= index) {
+                let old = self.old.pop_front().expect("checked");
+                if old.index == index {
+                    mapped = Some(old.map);
+                } else {
+                    self.helper.release(old.map);
+                }
+            }
+            if self.pool.len() < RECYCLE_POOL {
+                // A segment written before this writer started is mapped now (cheap: its
+                // pages, if still cached, are reused all the same).
+                let map = mapped.or_else(|| {
+                    let file = OpenOptions::new().read(true).write(true).open(&path).ok()?;
+                    Mapping::open_write(&file, &path).ok()
+                });
+                if let Some(map) = map {
+                    self.pool.push_back((index, map));
+                    continue;
+                }
+            } else if let Some(map) = mapped {
+                // Our mapping still holds the pages; dropping it frees them, off the append
+                // path.
+                self.helper.release(map);
+            }
             match std::fs::remove_file(&path) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(e).at(&path),
-            }
-            self.segments.pop_front();
-            // Our mapping still holds the pages; dropping it frees them, off the append path.
-            while self.old.front().is_some_and(|o| o.index <= index) {
-                let old = self.old.pop_front().expect("checked");
-                self.helper.release(old.map);
             }
         }
         Ok(())

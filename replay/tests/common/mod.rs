@@ -95,3 +95,39 @@ pub fn spawn_child(entry: &str, env: &[(&str, String)]) -> Child {
         .spawn()
         .expect("spawn child test process")
 }
+
+/// Which segment indexes each segment file (inode) of an actor directory has carried, sampled
+/// from time to time: an inode seen under two indexes is a recycled file.
+#[derive(Debug, Default)]
+pub struct Inodes {
+    seen: std::collections::BTreeMap<u64, std::collections::BTreeSet<u64>>,
+}
+
+impl Inodes {
+    /// Records the inode of every segment file now in `dir`.
+    pub fn sample(&mut self, dir: &Path) {
+        use std::os::unix::fs::MetadataExt;
+        for (index, path) in cascade_replay::list_segments(dir).unwrap_or_default() {
+            // A file may be recycled between listing and stat; then it is seen next time.
+            if let Ok(meta) = std::fs::metadata(&path) {
+                self.seen.entry(meta.ino()).or_default().insert(index);
+            }
+        }
+    }
+
+    /// Whether segment `index` of `dir` is a file seen before under an earlier index.
+    pub fn is_recycled(&self, dir: &Path, index: u64) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let path = dir.join(cascade_replay::segment_file_name(index));
+        std::fs::metadata(path).is_ok_and(|m| {
+            self.seen
+                .get(&m.ino())
+                .is_some_and(|s| s.iter().any(|&i| i < index))
+        })
+    }
+
+    /// Reuses seen: over all files, the segment indexes each carried beyond its first.
+    pub fn reused(&self) -> usize {
+        self.seen.values().map(|s| s.len() - 1).sum()
+    }
+}
