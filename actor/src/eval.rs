@@ -81,6 +81,25 @@ pub struct EvalResult {
     /// less noisy than comparing their means. Not part of `--json` output.
     #[serde(skip)]
     pub prompt_scores: BTreeMap<u64, f64>,
+    /// Every sample (prompt id, mode, decoded response, reward), in prompt order, for
+    /// `cascade eval --dump`. Not part of `--json` output.
+    #[serde(skip)]
+    pub responses: Vec<EvalSample>,
+}
+
+/// One evaluated sample.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EvalSample {
+    /// The prompt's id in the data file.
+    pub prompt_id: u64,
+    /// `think` or `no_think`.
+    pub mode: &'static str,
+    /// The decoded response (special tokens removed).
+    pub response: String,
+    /// The verifier's reward (0 when it failed).
+    pub reward: f32,
+    /// Response tokens.
+    pub tokens: usize,
 }
 
 /// `1 − C(n − c, k) / C(n, k)`: the probability that at least one of k samples drawn without
@@ -204,7 +223,7 @@ pub fn evaluate(
         );
     }
     // Verify in parallel (the code sandbox takes a while per sample).
-    let scored: Vec<(usize, f32, usize, bool)> = finished
+    let scored: Vec<(usize, f32, usize, bool, String)> = finished
         .par_iter()
         .map(|f| {
             let text = chat
@@ -222,7 +241,7 @@ pub fn evaluate(
                     (0.0, true)
                 }
             };
-            (f.job.tag as usize, reward, f.response_ids.len(), err)
+            (f.job.tag as usize, reward, f.response_ids.len(), err, text)
         })
         .collect();
     let mut outcomes: Vec<Outcome> = modes
@@ -236,7 +255,15 @@ pub fn evaluate(
         })
         .collect();
     let mut verify_errors = 0;
-    for (tag, reward, len, err) in scored {
+    let mut responses = Vec::with_capacity(scored.len());
+    for (tag, reward, len, err, text) in scored {
+        responses.push(EvalSample {
+            prompt_id: outcomes[tag].prompt_id,
+            mode: outcomes[tag].mode.as_str(),
+            response: text,
+            reward,
+            tokens: len,
+        });
         outcomes[tag].rewards.push(reward);
         outcomes[tag].lengths.push(len);
         verify_errors += usize::from(err);
@@ -257,6 +284,7 @@ pub fn evaluate(
         samples: opts.samples,
         verify_errors,
         prompt_scores: outcomes.iter().map(|o| (o.prompt_id, o.mean())).collect(),
+        responses,
     })
 }
 

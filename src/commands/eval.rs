@@ -62,6 +62,9 @@ pub struct EvalArgs {
     /// Print the result as one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Also write every sample as a JSON line (prompt_id, mode, response, reward, tokens).
+    #[arg(long, value_name = "FILE")]
+    pub dump: Option<PathBuf>,
 }
 
 /// The domain of a prompt file from the reference fields of its first line.
@@ -136,6 +139,14 @@ pub fn run(args: EvalArgs) -> anyhow::Result<i32> {
             max_prompts: args.max_prompts,
         },
     )?;
+    if let Some(path) = &args.dump {
+        let mut text = String::new();
+        for sample in &result.responses {
+            text.push_str(&serde_json::to_string(sample)?);
+            text.push('\n');
+        }
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
     if args.json {
         println!("{}", serde_json::to_string(&result)?);
     } else {
