@@ -6,6 +6,9 @@
 //! "Fast CRC Computation for Generic Polynomials Using PCLMULQDQ", on 512-bit registers), then
 //! finished with the SSE4.2 `crc32` instruction; that is several times faster than the `crc32`
 //! instruction alone, which the `crc32c` crate uses (also for short inputs and on other CPUs).
+//! [`crc32c_append_copy`] is the same fold that also stores each 64-byte block it loaded to a
+//! destination: `append` computes a record's CRC and copies its payload into the segment in one
+//! pass over the payload instead of two.
 //!
 //! The folding constants are `x^(D+32) mod P` and `x^(D-32) mod P` for a fold distance of `D`
 //! bits, bit-reflected and shifted left by one (the convention of the reflected algorithm); the
@@ -29,6 +32,28 @@ pub(crate) fn crc32c_append(crc: u32, data: &[u8]) -> u32 {
 #[inline]
 pub(crate) fn crc32c(data: &[u8]) -> u32 {
     crc32c_append(0, data)
+}
+
+/// [`crc32c_append`] of `data` that also copies `data` to `dst`, in one pass over `data` where
+/// the folding path applies (each 64-byte block is stored from the register it was loaded into
+/// for the CRC), else as a copy and a CRC.
+///
+/// # Safety
+/// `dst` must be valid for writes of `data.len()` bytes and must not overlap `data`.
+#[inline]
+pub(crate) unsafe fn crc32c_append_copy(crc: u32, data: &[u8], dst: *mut u8) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if data.len() >= x86::MIN_LEN && x86::available() {
+            // SAFETY: `available` checked the CPU features at run time; the function reads only
+            // inside `data` and writes only `dst[..data.len()]`, valid by this function's
+            // contract.
+            return unsafe { x86::crc32c_copy_avx512(crc, data, dst) };
+        }
+    }
+    // SAFETY: `dst` is valid for `data.len()` bytes and does not overlap `data` (contract).
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+    crc32c::crc32c_append(crc, data)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -97,13 +122,43 @@ mod x86 {
         )
     }
 
+    /// The 64 bytes at `p` (inside `data`, which starts at `base`); with `COPY`, also stored at
+    /// the same offset from `dst`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn take<const COPY: bool>(p: *const u8, base: *const u8, dst: *mut u8) -> __m512i {
+        let v = load(p);
+        if COPY {
+            _mm512_storeu_si512(dst.add(p.offset_from(base) as usize).cast(), v);
+        }
+        v
+    }
+
     /// CRC32C of `data` (at least [`MIN_LEN`] bytes) appended to `crc`.
     ///
     /// # Safety
     /// The CPU must have AVX-512F/VL, VPCLMULQDQ, PCLMULQDQ and SSE4.2 ([`available`]).
     #[target_feature(enable = "avx512f,avx512vl,vpclmulqdq,pclmulqdq,sse4.2")]
     pub(super) unsafe fn crc32c_avx512(crc: u32, data: &[u8]) -> u32 {
+        fold::<false>(crc, data, std::ptr::null_mut())
+    }
+
+    /// [`crc32c_avx512`] that also copies `data` to `dst`.
+    ///
+    /// # Safety
+    /// As [`crc32c_avx512`]; `dst` must be valid for writes of `data.len()` bytes and must not
+    /// overlap `data`.
+    #[target_feature(enable = "avx512f,avx512vl,vpclmulqdq,pclmulqdq,sse4.2")]
+    pub(super) unsafe fn crc32c_copy_avx512(crc: u32, data: &[u8], dst: *mut u8) -> u32 {
+        fold::<true>(crc, data, dst)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512vl,vpclmulqdq,pclmulqdq,sse4.2")]
+    unsafe fn fold<const COPY: bool>(crc: u32, data: &[u8], dst: *mut u8) -> u32 {
         debug_assert!(data.len() >= MIN_LEN);
+        let base = data.as_ptr();
+        let load = |p| take::<COPY>(p, base, dst);
         let mut p = data.as_ptr();
         let mut left = data.len();
         // The CRC register (!crc, as the crc32c crate keeps it) enters as the first 4 bytes'
@@ -132,6 +187,11 @@ mod x86 {
             z = fold512(z, k512, load(p));
             p = p.add(64);
             left -= 64;
+        }
+        if COPY {
+            // What the 16-byte steps and the tail below read is not stored from registers.
+            let done = p.offset_from(base) as usize;
+            std::ptr::copy_nonoverlapping(p, dst.add(done), data.len() - done);
         }
         // Four 128-bit lanes to one: lane i moves forward by (3 - i) × 128 bits.
         let l0 = _mm512_extracti32x4_epi32(z, 0);
@@ -172,6 +232,23 @@ mod tests {
             }
         }
         ((r as u32).reverse_bits() as u64) << 1
+    }
+
+    proptest! {
+        /// The one-pass CRC + copy gives the `crc32c` crate's CRC and an exact copy, at every
+        /// length around the folding path's steps and at unaligned source and destination.
+        #[test]
+        fn crc_and_copy_in_one_pass(data in proptest::collection::vec(any::<u8>(), 0..3000),
+                                    crc: u32, src_at in 0usize..64, dst_at in 0usize..64) {
+            let src = &data[src_at.min(data.len())..];
+            let mut dst = vec![0xa5u8; src.len() + 128];
+            // SAFETY: `dst[dst_at..]` has room for `src.len()` bytes and is a separate vector.
+            let got = unsafe { crc32c_append_copy(crc, src, dst.as_mut_ptr().add(dst_at)) };
+            prop_assert_eq!(got, crc32c::crc32c_append(crc, src));
+            prop_assert_eq!(&dst[dst_at..dst_at + src.len()], src);
+            prop_assert!(dst[..dst_at].iter().all(|&b| b == 0xa5));
+            prop_assert!(dst[dst_at + src.len()..].iter().all(|&b| b == 0xa5));
+        }
     }
 
     #[cfg(target_arch = "x86_64")]

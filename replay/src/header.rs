@@ -127,10 +127,14 @@ impl RecordHeader {
 
     /// CRC32C of the covered header bytes and `payload`.
     pub fn compute_crc(&self, payload: &[u8]) -> u32 {
+        crate::crc::crc32c_append(self.header_crc(), payload)
+    }
+
+    /// CRC32C of the covered header bytes alone (the payload's is appended to it).
+    pub(crate) fn header_crc(&self) -> u32 {
         let bytes = self.to_bytes();
         let crc = crate::crc::crc32c(&bytes[4..8]);
-        let crc = crate::crc::crc32c_append(crc, &bytes[12..RECORD_HEADER_LEN]);
-        crate::crc::crc32c_append(crc, payload)
+        crate::crc::crc32c_append(crc, &bytes[12..RECORD_HEADER_LEN])
     }
 
     /// Encodes the header.

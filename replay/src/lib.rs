@@ -72,9 +72,10 @@
 //!
 //! # Performance
 //!
-//! `append` copies the payload once, into the mapped segment, after computing its CRC32C;
-//! readers hand out payloads zero-copy from their own mapping after checking the CRC (with
-//! AVX-512 + VPCLMULQDQ when the CPU has them, see `crc`). On a fresh log, what dominates is
+//! `append` copies the payload once, into the mapped segment, computing its CRC32C on the way
+//! (one pass over the payload with AVX-512 + VPCLMULQDQ when the CPU has them, see `crc`);
+//! readers hand out payloads zero-copy from their own mapping after checking the CRC. On a
+//! fresh log, what dominates is
 //! not the copy but the kernel's work for new page-cache pages (allocating and zeroing them,
 //! marking preallocated blocks written, freeing them when retention deletes a segment): about
 //! 18 ms per 64 MiB segment against 2 ms for the copy. A running log recycles its segment
@@ -85,47 +86,50 @@
 //! (reading the consumed-position files).
 //!
 //! `REPLAY_BENCH_MB=512 cargo bench -p cascade-replay --bench replay` on the 2-core AMD EPYC
-//! (Zen 5) KVM guest this was developed on, ext4 on virtio, kernel 6.18, while another agent's
-//! builds were idle (load average about 2); each bench run prints medians of 5 interleaved
-//! runs, and the table gives the median over 4 such runs (GB/s, 64 MiB segments, writer and
-//! reader in one thread plus the writer's helper; the reader publishes its consumed position
-//! every 64 MiB; ratios to memcpy into a reused buffer):
+//! (Zen 5) KVM guest this was developed on, ext4 on virtio, kernel 6.18, with another agent's
+//! builds and tests on the machine (load average 3.3–3.7); each bench run prints medians of 5
+//! interleaved runs, and the table gives the median over 4 such runs (GB/s, 64 MiB segments,
+//! writer and reader in one thread plus the writer's helper; the reader publishes its consumed
+//! position every 64 MiB; ratios to memcpy into a reused buffer, of the medians):
 //!
 //! | record | running log | ratio | same, without publishing | ratio | fresh log | memcpy reused | memcpy fresh anon | memcpy fresh file |
 //! |---|---|---|---|---|---|---|---|---|
-//! | 4 KiB | 6.96 | 0.28× | 7.64 | 0.31× | 4.68 | 24.4 | 16.7 | 4.46 |
-//! | 256 KiB | 10.35 | 0.44× | 11.9 | 0.51× | 6.13 | 23.9 | 17.4 | 4.59 |
+//! | 4 KiB | 6.70 | 0.29× | 7.48 | 0.33× | 2.9 | 22.3 | 14.6 | 3.61 |
+//! | 256 KiB | 9.60 | 0.36× | 11.3 | 0.43× | 3.1 | 27.8 | 16.8 | 3.82 |
 //!
-//! Before recycling, the same bench (then: a fresh log per run, no recycling) in the same hour
-//! gave 1.72 and 2.72 GB/s at 4 KiB (0.07× and 0.12×) and 3.27 and 2.72 GB/s at 256 KiB (0.18×
-//! both); the earlier table of this crate said 1.88 and 2.23 GB/s (0.08×, 0.11×) with the
-//! machine busier. Under load (load average 4–8, other builds running) all figures halve and
-//! scatter, memcpy's included, and publishing the consumed position (two fsyncs, 2–15 ms each
-//! then) takes half the time: 3.95 GB/s at 256 KiB (0.18×), 9.11 (0.42×) without publishing.
+//! Before recycling (the commit before this one), the same bench, run alternately with this one
+//! while the machine was quieter (load average about 2), gave 1.72 and 2.72 GB/s at 4 KiB
+//! (0.07×, 0.12×) and 3.27 and 2.72 GB/s at 256 KiB (0.18× both); this crate's earlier table
+//! said 1.88 and 2.23 GB/s. Recycling alone (CRC and copy still two passes), in that quieter
+//! hour: 10.35 GB/s at 256 KiB, 0.44× (0.51× without publishing), and 6.96 GB/s at 4 KiB,
+//! 0.28×. The one-pass CRC + copy then added 10–25 % in runs alternating with that version
+//! under equal load (256 KiB without publishing: 11.3, 13.2, 14.2 against 9.1, 8.8, 12.3). With
+//! the machine loaded (load average 4–8) every figure halves and scatters, memcpy's included,
+//! and publishing the consumed position (two fsyncs, 2–15 ms each then) takes half the time.
 //!
 //! "Running log": the same writer and reader, warmed up through 16 segments, so every segment
 //! is a recycled file (the steady state of an actor). "Without publishing": the same runs less
 //! the time the reader spent publishing its consumed position (a learner publishes once per
 //! snapshot, not every 64 MiB). "Fresh log": a new directory per run, whose first segments are
-//! new files (after its first few segments it recycles too). The baselines copy the same records from
-//! one hot buffer: into one pre-faulted 64 MiB buffer; into a new 64 MiB anonymous huge-page
-//! mapping per 64 MiB; into a new fallocated, mapped, then deleted 64 MiB file per 64 MiB (no
-//! CRC, no reader): the ceiling of any log that writes every record to new file pages, which
-//! the running log now exceeds 2.2×.
+//! new files (after its first few segments it recycles too; this column scatters most). The
+//! baselines copy the same records from one hot buffer: into one pre-faulted 64 MiB buffer;
+//! into a new 64 MiB anonymous huge-page mapping per 64 MiB; into a new fallocated, mapped,
+//! then deleted 64 MiB file per 64 MiB (no CRC, no reader): the ceiling of any log that writes
+//! every record to new file pages, which the running log now exceeds 2.5×.
 //!
-//! The goal, half of a plain memcpy at 256 KiB, is reached only without the bench's
-//! frequent publishing (0.51×; 0.44× with it; 0.48× and 0.42× as medians of per-run ratios).
-//! What is left after recycling is the work the log must do per byte, timed piece by piece:
-//! `append` computes the CRC of the payload and copies it into the mapped segment (about
-//! 18 GB/s together), the reader computes the CRC again over the record as it comes back from
-//! memory (about 25 GB/s); together about 10.5 GB/s against a memcpy of 24–28 GB/s. Rolling
-//! costs about 0.1 ms per segment, retention's reading of the consumed files included. The
-//! rest is the machine: appends of a few ms when the thread is preempted (5–15 % of the time
-//! on this 2-core guest when it is loaded). More would need the CRC folded into the copy (one
-//! pass over the source instead of two); at 4 KiB, per-record work (two header CRCs, the
-//! publication stores, the reader's bookkeeping: about 250 ns a record) also counts.
-//! Cross-process latency (append → `poll` returns, doorbell wake-up): median 11.1 µs, p99
-//! 53.5 µs.
+//! The goal, half of a plain memcpy at 256 KiB, is not reached as measured here: 0.36–
+//! 0.44× with the bench's publishing, 0.43–0.51× without, depending mostly on how fast memcpy
+//! happens to run (22–33 GB/s on this guest). What is left after recycling is the work the log
+//! must do per byte: `append` folds the CRC over the payload while copying it into the mapped
+//! segment, and the reader computes the CRC again over the record as it comes back from
+//! memory (about 25 GB/s), so every byte is read twice and written once where memcpy reads and
+//! writes it once. Rolling costs about 0.1 ms per segment, retention's reading of the consumed
+//! files included, and the consumer's publishing what it chooses. The rest is the machine:
+//! appends of a few ms when the thread is preempted (5–15 % of the time on this 2-core guest
+//! when it is loaded). At 4 KiB, per-record work (two header CRCs, the publication stores, the
+//! reader's bookkeeping: about 250 ns a record) also counts.
+//! Cross-process latency (append → `poll` returns, doorbell wake-up): median 12.0 µs, p99
+//! 0.4–1.5 ms with the machine loaded as above (11.1 µs and 54 µs when quieter).
 #![warn(missing_docs)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 

@@ -247,6 +247,26 @@ impl Mapping {
         };
     }
 
+    /// Copies `data` to `offset` like [`Mapping::write`] and returns the CRC32C of `data`
+    /// appended to `crc`, in one pass over `data` where the CPU allows (see `crc`).
+    pub(crate) fn write_crc(&mut self, offset: u64, data: &[u8], crc: u32) -> u32 {
+        assert!(self.writable, "write on a read-only mapping");
+        let end = offset
+            .checked_add(data.len() as u64)
+            .expect("offset overflow");
+        assert!(
+            end <= self.len(),
+            "write past the end of {}",
+            self.path.display()
+        );
+        // SAFETY: as in `write`: the destination is inside the mapping (checked above), does not
+        // overlap `data` (a separate Rust slice), and holds no published bytes (invariants 1, 3
+        // and 4).
+        unsafe {
+            crate::crc::crc32c_append_copy(crc, data, self.raw.as_mut_ptr().add(offset as usize))
+        }
+    }
+
     /// `msync(MS_SYNC)` of a byte range.
     pub(crate) fn flush(&self, offset: u64, len: u64) -> Result<()> {
         if len == 0 {

@@ -339,18 +339,26 @@ impl ReplayWriter {
             self.prepare_next();
         }
         let seq = self.next_seq;
-        let header = RecordHeader::new(RECORD_MAGIC, seq, meta, payload);
-        self.publish(&header, payload);
+        let header = RecordHeader {
+            magic: RECORD_MAGIC,
+            len: (RECORD_HEADER_LEN + payload.len()) as u32,
+            crc: 0,
+            seq,
+            meta,
+        };
+        self.publish(header, payload);
         self.next_seq += 1;
         Ok(seq)
     }
 
-    /// Writes header (except `len`) and payload, then stores `len` with release ordering, then
-    /// the segment's `published_end`.
-    fn publish(&mut self, header: &RecordHeader, payload: &[u8]) {
-        let bytes = header.to_bytes();
+    /// Writes the payload (computing the record's CRC on the way) and the header except `len`,
+    /// then stores `len` with release ordering, then the segment's `published_end`.
+    fn publish(&mut self, mut header: RecordHeader, payload: &[u8]) {
         let at = self.offset;
-        self.map.write(at + RECORD_HEADER_LEN as u64, payload);
+        header.crc =
+            self.map
+                .write_crc(at + RECORD_HEADER_LEN as u64, payload, header.header_crc());
+        let bytes = header.to_bytes();
         self.map.write(at, &bytes[..LEN_OFFSET]);
         self.map.write(at + 8, &bytes[8..]);
         self.map.store_release(at + LEN_OFFSET as u64, header.len);
@@ -392,7 +400,7 @@ impl ReplayWriter {
 
     fn seal(&mut self) {
         let header = RecordHeader::new(SEAL_MAGIC, self.next_seq, RecordMeta::default(), &[]);
-        self.publish(&header, &[]);
+        self.publish(header, &[]);
         self.sealed = true;
     }
 
