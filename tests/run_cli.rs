@@ -229,6 +229,34 @@ fn a_short_cascade_runs_every_stage_and_writes_snapshots_metrics_and_report() {
         .map(|r| r["after_stage"].as_str().unwrap())
         .collect();
     assert_eq!(rows, ["sft", "rlhf", "if", "math", "code", "swe"]);
+    // Each RL stage's paired change on its own domain, over the prompts of both rows.
+    let gains: Vec<(&str, &str)> = heldout["gains"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| (g["stage"].as_str().unwrap(), g["domain"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        gains,
+        [
+            ("rlhf", "rlhf"),
+            ("if", "if"),
+            ("math", "math"),
+            ("code", "code"),
+            ("swe", "swe")
+        ]
+    );
+    for g in heldout["gains"].as_array().unwrap() {
+        assert!(g["prompts"].as_u64().unwrap() > 0, "{g}");
+        assert!(g["se"].as_f64().unwrap() >= 0.0, "{g}");
+        let (b, a, d) = (
+            g["before"].as_f64().unwrap(),
+            g["after"].as_f64().unwrap(),
+            g["diff"].as_f64().unwrap(),
+        );
+        // Every prompt is scored in both rows, so the paired mean is the change of the means.
+        assert!((a - b - d).abs() < 1e-9, "{g}");
+    }
     assert!(run_dir.join("report").join("index.html").exists());
     assert!(run_dir.join("logs").join("learner.log").exists());
     assert!(run_dir.join("logs").join("actor-0.log").exists());
@@ -242,13 +270,34 @@ fn a_short_cascade_runs_every_stage_and_writes_snapshots_metrics_and_report() {
         .arg(&snap)
         .arg("--data")
         .arg(tmp.path().join("data/math-heldout.jsonl"))
-        .args(["--samples", "2", "--max-new-tokens", "8", "--json"])
+        .args([
+            "--samples",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--json",
+            "--dump",
+        ])
+        .arg(tmp.path().join("samples.jsonl"))
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", show(&out));
     let r: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(r["all"]["prompts"], 4);
     assert_eq!(r["samples"], 2);
+    let dumped: Vec<Value> = std::fs::read_to_string(tmp.path().join("samples.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(dumped.len(), 8, "4 prompts × 2 samples");
+    for d in &dumped {
+        assert!(d["response"].is_string() && d["reward"].is_number(), "{d}");
+        assert!(
+            ["think", "no_think"].contains(&d["mode"].as_str().unwrap()),
+            "{d}"
+        );
+    }
 }
 
 fn pid_of(run_dir: &Path, name: &str) -> Option<i32> {

@@ -59,7 +59,7 @@ pub use common::{Domain, Mode, Task, MAX_PROMPT_BYTES};
 use common::{draw_excluding, draw_unique, stream, Purpose};
 
 /// Bumped whenever the generated data changes for a given seed and sizes.
-pub const GENERATOR_VERSION: u32 = 4;
+pub const GENERATOR_VERSION: u32 = 5;
 
 /// Name of the manifest, written last.
 pub const MANIFEST: &str = "MANIFEST.json";

@@ -1,7 +1,18 @@
 //! SWE: a two-line Python file whose return line is wrong, and a sentence saying what it should
-//! return. The gold patch is a unified diff replacing line 2; the gold answer is that diff in a
-//! fence tagged `diff` (the block the SWE verifier extracts). Everything the fix needs is in the
-//! prompt: the file name, the buggy line and the right expression.
+//! return. The gold patch is a unified diff replacing line 2; the gold answer is that diff,
+//! bare (the SWE verifier reads an answer that starts with `--- ` as the patch, as it reads a
+//! fenced `diff` block). Everything the fix needs is in the prompt: the file name, the buggy
+//! line and the right expression.
+//!
+//! Bare, not fenced: the code answers are fenced `python` blocks, and with both domains opening
+//! their answers with a fence the SWE stage taught the tiny model to continue a `python` fence
+//! with `--- ` (code held-out fell from 0.84 to 0.33 in one run, measured on 96 prompts × 4
+//! samples), and the code stage pulled SWE answers the other way.
+//!
+//! Every task patches the same file, `f.py` (the file of the function `f`). With six file names
+//! drawn at random, the tiny model never learned to copy the name from the prompt (the diff's
+//! path was right in 18 % of samples, chance is 17 %), and a patch to the wrong path scores 0,
+//! so the SWE stage's reward was a lottery over file names rather than a signal about the fix.
 
 use rand_chacha::ChaCha8Rng;
 use serde_json::{Map, Value};
@@ -9,8 +20,8 @@ use serde_json::{Map, Value};
 use crate::code::FnSpec;
 use crate::common::{pick, short_prompt, Domain, Task};
 
-/// Short names keep the diff answer near 90 bytes.
-const FILES: [&str; 6] = ["f.py", "m.py", "ops.py", "lib.py", "app.py", "calc.py"];
+/// The patched file (see the module docs for why there is only one).
+const FILE: &str = "f.py";
 
 const TEMPLATES: [&str; 3] = [
     "Fix {file} to return {expr}:",
@@ -23,11 +34,6 @@ pub fn patch(file: &str, bug: &str, fix: &str) -> String {
     format!("--- a/{file}\n+++ b/{file}\n@@ -2 +2 @@\n-    return {bug}\n+    return {fix}\n")
 }
 
-/// `patch` in a fence tagged `diff`, as an answer.
-pub fn fenced(patch: &str) -> String {
-    format!("```diff\n{patch}```")
-}
-
 /// Draws one SWE task.
 pub fn sample(rng: &mut ChaCha8Rng) -> Task {
     short_prompt(rng, sample_any)
@@ -35,7 +41,7 @@ pub fn sample(rng: &mut ChaCha8Rng) -> Task {
 
 fn sample_any(rng: &mut ChaCha8Rng) -> Task {
     let spec = FnSpec::sample(rng);
-    let file = *pick(rng, &FILES);
+    let file = FILE;
     let fix = spec.expr();
     let bug = pick(rng, &spec.bugs()).clone();
     let header = pick(rng, &TEMPLATES)
@@ -50,6 +56,6 @@ fn sample_any(rng: &mut ChaCha8Rng) -> Task {
         prompt: format!("{header}\n{}", source.trim_end()),
         reference,
         reasoning: format!("line 2 needs: return {fix}"),
-        answer: fenced(&gold),
+        answer: gold,
     }
 }
