@@ -91,8 +91,6 @@ impl<'de> Deserialize<'de> for MaxResponseTokens {
 pub struct VerifierConfig {
     /// Math: accept `50\%` for `0.5` and the reverse.
     pub math_percent_equivalence: bool,
-    /// Math: relative tolerance of numeric equivalence.
-    pub math_rel_tol: f64,
     /// Instruction following: strict or loose checking.
     pub if_strictness: IfStrictness,
     /// Code: wall-clock limit of one test run, in seconds.
@@ -115,7 +113,6 @@ impl Default for VerifierConfig {
     fn default() -> Self {
         VerifierConfig {
             math_percent_equivalence: true,
-            math_rel_tol: 1e-6,
             if_strictness: IfStrictness::Strict,
             code_timeout_s: 10.0,
             code_memory_mb: 1024,
@@ -437,9 +434,6 @@ impl StageConfig {
                 key("code_memory_mb"),
                 "must be ≥ 64 (the Python interpreter alone needs tens of MiB)",
             ));
-        }
-        if !non_negative(v.math_rel_tol) {
-            return Err(invalid(key("math_rel_tol"), "must be ≥ 0"));
         }
         if !non_negative(v.rm_weight.into()) || !non_negative(v.rule_weight.into()) {
             return Err(invalid(key("rm_weight"), "reward weights must be ≥ 0"));
