@@ -221,17 +221,21 @@ impl Mapping {
             .map_or(0, |a| a.load(Ordering::SeqCst))
     }
 
-    /// Copies `data` to `offset`. Panics when out of bounds (a writer bug).
-    pub(crate) fn write(&mut self, offset: u64, data: &[u8]) {
+    /// Panics unless this mapping is writable and `offset..offset + len` lies inside it (a
+    /// writer bug otherwise).
+    fn assert_writable_range(&self, offset: u64, len: usize) {
         assert!(self.writable, "write on a read-only mapping");
-        let end = offset
-            .checked_add(data.len() as u64)
-            .expect("offset overflow");
+        let end = offset.checked_add(len as u64).expect("offset overflow");
         assert!(
             end <= self.len(),
             "write past the end of {}",
             self.path.display()
         );
+    }
+
+    /// Copies `data` to `offset`. Panics when out of bounds (a writer bug).
+    pub(crate) fn write(&mut self, offset: u64, data: &[u8]) {
+        self.assert_writable_range(offset, data.len());
         // SAFETY: the destination is inside the mapping (checked above) and `data` is a
         // separate Rust slice, so the ranges do not overlap. Only this process writes the file
         // (invariant 1, enforced by the directory lock) and it only writes bytes that are not
@@ -250,15 +254,7 @@ impl Mapping {
     /// Copies `data` to `offset` like [`Mapping::write`] and returns the CRC32C of `data`
     /// appended to `crc`, in one pass over `data` where the CPU allows (see `crc`).
     pub(crate) fn write_crc(&mut self, offset: u64, data: &[u8], crc: u32) -> u32 {
-        assert!(self.writable, "write on a read-only mapping");
-        let end = offset
-            .checked_add(data.len() as u64)
-            .expect("offset overflow");
-        assert!(
-            end <= self.len(),
-            "write past the end of {}",
-            self.path.display()
-        );
+        self.assert_writable_range(offset, data.len());
         // SAFETY: as in `write`: the destination is inside the mapping (checked above), does not
         // overlap `data` (a separate Rust slice), and holds no published bytes (invariants 1, 3
         // and 4).

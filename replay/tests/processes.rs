@@ -6,8 +6,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use cascade_replay::{RecordMeta, ReplayError, ReplayWriter, WriterOptions};
@@ -212,17 +211,7 @@ fn writer_killed_fifty_times_loses_nothing_acknowledged() {
             "child_entry",
             &env("crash", &dir, 5, None, 64 << 10, 1 << 20),
         );
-        let acked = Arc::new(AtomicU64::new(u64::MAX));
-        let stdout = child.stdout.take().unwrap();
-        let acked2 = acked.clone();
-        let pump = std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Some(seq) = line.strip_prefix("ACK ") {
-                    acked2.store(seq.parse().unwrap(), Ordering::SeqCst);
-                }
-            }
-        });
+        let (acked, pump) = pump_acks(&mut child);
         // Kill at a pseudo-random moment 2–40 ms after start-up finished (first ACK).
         let t0 = Instant::now();
         while acked.load(Ordering::SeqCst) == u64::MAX && t0.elapsed() < Duration::from_secs(30) {

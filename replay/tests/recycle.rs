@@ -6,9 +6,8 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -122,6 +121,36 @@ fn recycled_files_deliver_every_record_once_in_order() {
     assert!(reader.corruptions().is_empty());
 }
 
+/// Appends `actor`'s records of `size` bytes segment by segment (the reader consuming and
+/// publishing after each roll) until the active segment is a recycled file holding at least the
+/// records that filled the roll into it.
+fn roll_until_the_active_segment_is_recycled(
+    w: &mut ReplayWriter,
+    reader: &mut ReplayReader,
+    inodes: &mut Inodes,
+    dir: &Path,
+    actor: u64,
+    size: usize,
+    seq: &mut u64,
+) {
+    loop {
+        let active = w_index(dir);
+        while w_index(dir) == active {
+            w.append(meta(*seq), &payload(actor, *seq, size)).unwrap();
+            *seq += 1;
+        }
+        for r in reader.poll(Duration::from_millis(1)).unwrap() {
+            check(actor, &r);
+        }
+        reader.publish_consumed().unwrap();
+        inodes.sample(dir);
+        if inodes.is_recycled(dir, w_index(dir)) {
+            break;
+        }
+        assert!(*seq < 100_000, "no recycled active segment: {inodes:?}");
+    }
+}
+
 /// A writer that stops in a recycled segment, whose body past the new records still holds the
 /// previous life's (CRC-valid) records: crash recovery and `inspect` take none of them, and a
 /// fresh reader reads exactly the live records.
@@ -147,22 +176,15 @@ fn stale_records_of_a_recycled_active_segment_are_never_resurrected() {
         assert!(seq < 100_000, "no recycling: {inodes:?}");
     }
     // Start a new segment, which must be a recycled file, and stop after a few records of it.
-    loop {
-        let active = w_index(&dir);
-        while w_index(&dir) == active {
-            w.append(meta(seq), &payload(3, seq, 4000)).unwrap();
-            seq += 1;
-        }
-        for r in reader.poll(Duration::from_millis(1)).unwrap() {
-            check(3, &r);
-        }
-        reader.publish_consumed().unwrap();
-        inodes.sample(&dir);
-        if inodes.is_recycled(&dir, w_index(&dir)) {
-            break;
-        }
-        assert!(seq < 100_000, "no recycled active segment: {inodes:?}");
-    }
+    roll_until_the_active_segment_is_recycled(
+        &mut w,
+        &mut reader,
+        &mut inodes,
+        &dir,
+        3,
+        4000,
+        &mut seq,
+    );
     for _ in 0..3 {
         w.append(meta(seq), &payload(3, seq, 4000)).unwrap();
         seq += 1;
@@ -392,17 +414,7 @@ fn writer_killed_while_recycling_never_resurrects_stale_records() {
                 ("REPLAY_DIR", dir.display().to_string()),
             ],
         );
-        let acked = Arc::new(AtomicU64::new(u64::MAX));
-        let stdout = child.stdout.take().unwrap();
-        let acked2 = acked.clone();
-        let pump = std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Some(seq) = line.strip_prefix("ACK ") {
-                    acked2.store(seq.parse().unwrap(), Ordering::SeqCst);
-                }
-            }
-        });
+        let (acked, pump) = pump_acks(&mut child);
         let t0 = Instant::now();
         while acked.load(Ordering::SeqCst) == u64::MAX && t0.elapsed() < Duration::from_secs(30) {
             poll(&mut reader, &mut next, &mut inodes);
@@ -495,22 +507,15 @@ fn segments_whose_creation_never_became_durable_are_dropped_not_resurrected() {
         let mut inodes = Inodes::default();
         let mut seq = 0;
         // Until the active segment is a recycled file holding a few records.
-        loop {
-            let active = w_index(&dir);
-            while w_index(&dir) == active {
-                w.append(meta(seq), &payload(8, seq, 3000)).unwrap();
-                seq += 1;
-            }
-            for r in reader.poll(Duration::from_millis(1)).unwrap() {
-                check(8, &r);
-            }
-            reader.publish_consumed().unwrap();
-            inodes.sample(&dir);
-            if inodes.is_recycled(&dir, w_index(&dir)) {
-                break;
-            }
-            assert!(seq < 100_000);
-        }
+        roll_until_the_active_segment_is_recycled(
+            &mut w,
+            &mut reader,
+            &mut inodes,
+            &dir,
+            8,
+            3000,
+            &mut seq,
+        );
         let newest = w_index(&dir);
         // The records appended to the newest segment are not synced: a power loss may take
         // them; everything before was synced (and the headers and names with it).

@@ -2,8 +2,12 @@
 //! another process can check byte for byte, and re-running this test binary as a child process.
 #![allow(dead_code)]
 
+use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 
 use cascade_replay::{ReaderOptions, Record, ReplayReader, WriterOptions};
 
@@ -130,4 +134,21 @@ impl Inodes {
     pub fn reused(&self) -> usize {
         self.seen.values().map(|s| s.len() - 1).sum()
     }
+}
+
+/// Reads a writer child's stdout on a thread: the latest `ACK <seq>` line's seq (the last
+/// record whose `append` returned), `u64::MAX` until the first one.
+pub fn pump_acks(child: &mut Child) -> (Arc<AtomicU64>, JoinHandle<()>) {
+    let acked = Arc::new(AtomicU64::new(u64::MAX));
+    let stdout = child.stdout.take().expect("child stdout is piped");
+    let acked2 = acked.clone();
+    let pump = std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if let Some(seq) = line.strip_prefix("ACK ") {
+                acked2.store(seq.parse().unwrap(), Ordering::SeqCst);
+            }
+        }
+    });
+    (acked, pump)
 }
