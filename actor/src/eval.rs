@@ -257,13 +257,16 @@ pub fn evaluate(
     let mut verify_errors = 0;
     let mut responses = Vec::with_capacity(scored.len());
     for (tag, reward, len, err, text) in scored {
-        responses.push(EvalSample {
-            prompt_id: outcomes[tag].prompt_id,
-            mode: outcomes[tag].mode.as_str(),
-            response: text,
-            reward,
-            tokens: len,
-        });
+        responses.push((
+            tag,
+            EvalSample {
+                prompt_id: outcomes[tag].prompt_id,
+                mode: outcomes[tag].mode.as_str(),
+                response: text,
+                reward,
+                tokens: len,
+            },
+        ));
         outcomes[tag].rewards.push(reward);
         outcomes[tag].lengths.push(len);
         verify_errors += usize::from(err);
@@ -284,7 +287,11 @@ pub fn evaluate(
         samples: opts.samples,
         verify_errors,
         prompt_scores: outcomes.iter().map(|o| (o.prompt_id, o.mean())).collect(),
-        responses,
+        responses: {
+            // Samples finish in engine order; the dump lists them in the file's prompt order.
+            responses.sort_by_key(|(tag, _)| *tag);
+            responses.into_iter().map(|(_, s)| s).collect()
+        },
     })
 }
 
