@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU host (no Rust, no network) with what scripts/build-gpu.sh packed into DIR:
-# the CUDA test binaries and the GPU sampler benchmark. Writes results.md and logs under $OUT.
+# the CUDA test binaries, the GPU sampler benchmark and the GPU engine benchmark. Writes
+# results.md and logs under $OUT.
 # Budget: under 8 minutes. Usage: bash scripts/gpu-check.sh .gpu
 set -uo pipefail
 
@@ -54,6 +55,14 @@ if [ -x "$WORK/sampler_cuda" ]; then
   export SAMPLER_BENCH_OUT=$OUT/sampler_gpu.md
   step sampler-gpu-bench 180 actor "$WORK/sampler_cuda" --ignored --exact gpu_sampler_benchmark --nocapture
   [ -f "$OUT/sampler_gpu.md" ] && { echo; cat "$OUT/sampler_gpu.md"; } >> "$RESULTS"
+fi
+
+# GPU engine benchmark (an ignored test in engine_cuda): decode tokens/s with the CUDA
+# sampler against host sampling, into $OUT/engine_gpu.md.
+if [ -x "$WORK/engine_cuda" ]; then
+  export ENGINE_BENCH_OUT=$OUT/engine_gpu.md
+  step engine-gpu-bench 240 actor "$WORK/engine_cuda" --ignored --exact gpu_engine_benchmark --nocapture
+  [ -f "$OUT/engine_gpu.md" ] && { echo; cat "$OUT/engine_gpu.md"; } >> "$RESULTS"
 fi
 
 echo; cat "$RESULTS"

@@ -553,6 +553,11 @@ pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSu
         opts.config.actor.gen_batch.max(1),
         stop_ids,
     )?;
+    tracing::info!(
+        device = ?opts.device,
+        sampler = if engine.samples_on_device() { "cuda" } else { "cpu" },
+        "generation engine ready"
+    );
     let mut stage = match rl_stage_from(&opts.config, stage_index) {
         Some(i) => Stage::open(
             &opts,

@@ -106,7 +106,9 @@ fn gpu_tokens_match_cpu_reference() {
                 .collect();
             let cpu = sample_batch(&logits, *vocab, params, &keys).unwrap();
             let dev_logits = s.stream().clone_htod(&logits).unwrap();
-            let gpu = s.sample_device(&dev_logits, *vocab, params, &keys).unwrap();
+            let gpu = s
+                .sample_device(&dev_logits.as_view(), *vocab, params, &keys)
+                .unwrap();
             for (a, b) in cpu.iter().zip(&gpu) {
                 draws += 1;
                 if a.token == b.token {
@@ -141,7 +143,7 @@ fn gpu_refuses_non_finite_rows() {
         },
     ];
     let err = s
-        .sample_device(&dev, 100, &SamplingParams::plain(), &keys)
+        .sample_device(&dev.as_view(), 100, &SamplingParams::plain(), &keys)
         .unwrap_err();
     assert!(matches!(err, SamplerError::NonFinite { row: 1 }), "{err}");
 }
@@ -211,7 +213,7 @@ fn gpu_sampler_benchmark() {
         let mut tokens = stream.alloc_zeros::<u32>(rows).unwrap();
         let mut logprobs = stream.alloc_zeros::<f32>(rows).unwrap();
         s.launch(
-            &dev_logits,
+            &dev_logits.as_view(),
             vocab,
             &params,
             &dev_keys,
@@ -224,7 +226,7 @@ fn gpu_sampler_benchmark() {
         let t = Instant::now();
         for _ in 0..iters {
             s.launch(
-                &dev_logits,
+                &dev_logits.as_view(),
                 vocab,
                 &params,
                 &dev_keys,

@@ -10,6 +10,8 @@
 //! swapped between steps ([`Engine::swap_model`]); rows in flight keep their cache and record
 //! from which token on the new policy version sampled ([`VersionSpan`]).
 
+#[cfg(feature = "cuda")]
+mod device;
 mod job;
 
 use std::collections::VecDeque;
@@ -83,6 +85,9 @@ pub struct Engine {
     stop_ids: Vec<u32>,
     stats: EngineStats,
     skipped: Vec<Skipped>,
+    /// Samples on the GPU when the model runs on one (feature `cuda`).
+    #[cfg(feature = "cuda")]
+    device_sampler: Option<device::DeviceSampler>,
 }
 
 impl Engine {
@@ -94,6 +99,17 @@ impl Engine {
                 "the engine needs at least one slot".into(),
             ));
         }
+        #[cfg(feature = "cuda")]
+        let device_sampler = match device::DeviceSampler::for_device(model.device()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(
+                    "CUDA sampler unavailable ({e}); sampling on the CPU, which copies every \
+                     step's logits to the host"
+                );
+                None
+            }
+        };
         Ok(Engine {
             model,
             version,
@@ -103,7 +119,31 @@ impl Engine {
             stop_ids,
             stats: EngineStats::default(),
             skipped: Vec::new(),
+            #[cfg(feature = "cuda")]
+            device_sampler,
         })
+    }
+
+    /// Whether tokens are drawn on the model's GPU (feature `cuda`, model on a CUDA device,
+    /// kernels compiled) rather than by the CPU sampler.
+    #[cfg(feature = "cuda")]
+    pub fn samples_on_device(&self) -> bool {
+        self.device_sampler.is_some()
+    }
+
+    /// Whether tokens are drawn on the model's GPU: never without the `cuda` feature.
+    #[cfg(not(feature = "cuda"))]
+    pub fn samples_on_device(&self) -> bool {
+        false
+    }
+
+    /// Draws tokens with the CPU sampler even when the model is on a GPU (the logits are then
+    /// copied to the host every step). Same keys, same tokens; for checks and comparisons.
+    pub fn use_host_sampler(&mut self) {
+        #[cfg(feature = "cuda")]
+        {
+            self.device_sampler = None;
+        }
     }
 
     /// The current model.
@@ -298,10 +338,8 @@ impl Engine {
         logits: &Tensor,
         done: &mut Vec<Finished>,
     ) -> Result<()> {
-        let logits = logits.to_dtype(candle_core::DType::F32)?;
-        let (n, vocab) = logits.dims2()?;
+        let (n, _) = logits.dims2()?;
         debug_assert_eq!(n, slots.len());
-        let flat: Vec<f32> = logits.flatten_all()?.to_vec1()?;
         // Rows of different jobs may use different settings: one sampler call per setting.
         let mut groups: Vec<(SamplingParams, Vec<usize>)> = Vec::new();
         for (i, &s) in slots.iter().enumerate() {
@@ -316,23 +354,17 @@ impl Engine {
                 None => groups.push((p, vec![i])),
             }
         }
-        let mut drawn: Vec<Option<Sampled>> = vec![None; slots.len()];
-        for (params, idx) in groups {
-            let keys: Vec<SampleKey> = idx
-                .iter()
-                .map(|&i| self.rows[slots[i]].as_ref().expect("active row").key())
-                .collect();
-            let rows: Vec<f32> = if idx.len() == slots.len() {
-                flat.clone()
-            } else {
-                idx.iter()
-                    .flat_map(|&i| flat[i * vocab..(i + 1) * vocab].iter().copied())
-                    .collect()
-            };
-            for (&i, s) in idx.iter().zip(sample_batch(&rows, vocab, &params, &keys)?) {
-                drawn[i] = Some(s);
-            }
-        }
+        let groups: Vec<(SamplingParams, Vec<usize>, Vec<SampleKey>)> = groups
+            .into_iter()
+            .map(|(p, idx)| {
+                let keys = idx
+                    .iter()
+                    .map(|&i| self.rows[slots[i]].as_ref().expect("active row").key())
+                    .collect();
+                (p, idx, keys)
+            })
+            .collect();
+        let drawn = self.draw(logits, &groups)?;
         let context = self.context();
         for (&slot, s) in slots.iter().zip(drawn) {
             let s = s.expect("every row drawn");
@@ -355,6 +387,50 @@ impl Engine {
             }
         }
         Ok(())
+    }
+}
+
+impl Engine {
+    /// Draws one token per row of `logits` for each `(params, rows, keys)` group, on the GPU
+    /// where the logits are when it can, else on the host.
+    fn draw(
+        &self,
+        logits: &Tensor,
+        groups: &[(SamplingParams, Vec<usize>, Vec<SampleKey>)],
+    ) -> Result<Vec<Option<Sampled>>> {
+        let n = logits.dims2()?.0;
+        let mut drawn: Vec<Option<Sampled>> = vec![None; n];
+        #[cfg(feature = "cuda")]
+        if let Some(sampler) = &self.device_sampler {
+            if logits.device().is_cuda() {
+                for (params, idx, keys) in groups {
+                    let subset = (idx.len() != n).then_some(idx.as_slice());
+                    for (&i, s) in idx
+                        .iter()
+                        .zip(sampler.sample(logits, subset, params, keys)?)
+                    {
+                        drawn[i] = Some(s);
+                    }
+                }
+                return Ok(drawn);
+            }
+        }
+        let logits = logits.to_dtype(candle_core::DType::F32)?;
+        let vocab = logits.dims2()?.1;
+        let flat: Vec<f32> = logits.flatten_all()?.to_vec1()?;
+        for (params, idx, keys) in groups {
+            let rows: Vec<f32> = if idx.len() == n {
+                flat.clone()
+            } else {
+                idx.iter()
+                    .flat_map(|&i| flat[i * vocab..(i + 1) * vocab].iter().copied())
+                    .collect()
+            };
+            for (&i, s) in idx.iter().zip(sample_batch(&rows, vocab, params, keys)?) {
+                drawn[i] = Some(s);
+            }
+        }
+        Ok(drawn)
     }
 }
 

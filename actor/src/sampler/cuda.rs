@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions, Ptx};
 
@@ -116,7 +116,7 @@ impl CudaSampler {
     /// no finite logit). `keys` comes from [`Self::upload_keys`].
     pub fn launch(
         &self,
-        logits: &CudaSlice<f32>,
+        logits: &CudaView<'_, f32>,
         vocab: usize,
         params: &SamplingParams,
         keys: &CudaSlice<u64>,
@@ -181,10 +181,11 @@ impl CudaSampler {
         Ok(())
     }
 
-    /// Samples one token per row of the device-resident `logits` and copies the results back.
+    /// Samples one token per row of the device-resident `logits` and copies the results back
+    /// (`2 × 4` bytes per row: the logits never leave the device).
     pub fn sample_device(
         &self,
-        logits: &CudaSlice<f32>,
+        logits: &CudaView<'_, f32>,
         vocab: usize,
         params: &SamplingParams,
         keys: &[SampleKey],
@@ -241,6 +242,6 @@ impl Sampler for CudaSampler {
         params: &SamplingParams,
         keys: &[SampleKey],
     ) -> Result<Vec<Sampled>> {
-        self.sample_device(logits, vocab, params, keys)
+        self.sample_device(&logits.as_view(), vocab, params, keys)
     }
 }
