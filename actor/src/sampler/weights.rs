@@ -40,7 +40,9 @@ const WEIGHT_SCALE: f32 = f32::from_bits(0x5480_0000);
 /// quantises to 0. The kernel's `exp_neg` performs the same operations in the same order.
 #[inline(always)]
 pub fn exp_neg(d: f32) -> f32 {
-    let x = d.max(EXP_CLAMP);
+    // `d.max(EXP_CLAMP)` for every input, NaN included (both give the clamp), in the form
+    // that compiles to one `maxps`.
+    let x = if d > EXP_CLAMP { d } else { EXP_CLAMP };
     let t = x * LOG2E + MAGIC;
     let n = t - MAGIC; // round-to-nearest(x * log2 e), exactly
     let n_int = (t.to_bits() as i32) - 0x4b40_0000;
