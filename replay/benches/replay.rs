@@ -78,14 +78,19 @@ fn replay_throughput(log: &mut Log, size: usize, total: usize) -> (f64, f64) {
     let mut publishing = Duration::ZERO;
     let mut read = 0;
     let mut checksum = 0u64;
+    let (mut writing, mut reading) = (Duration::ZERO, Duration::ZERO);
     while read < n {
+        let t = Instant::now();
         for _ in 0..batch.min(n - read) {
             w.append(RecordMeta::default(), &payload).unwrap();
         }
+        let t2 = Instant::now();
+        writing += t2 - t;
         for rec in r.poll(Duration::from_secs(1)).unwrap() {
             checksum += rec.payload[size - 1] as u64;
             read += 1;
         }
+        reading += t2.elapsed();
         // The learner publishes its consumed position rarely (after snapshots); every 64 MiB
         // here keeps retention (and so recycling) running without timing one fsync per batch.
         if read % ((64 << 20) / size) == 0 {
@@ -97,6 +102,14 @@ fn replay_throughput(log: &mut Log, size: usize, total: usize) -> (f64, f64) {
     black_box(checksum);
     let elapsed = start.elapsed();
     let gbs = |t: Duration| (n * size) as f64 / t.as_secs_f64() / 1e9;
+    if std::env::var_os("REPLAY_BENCH_VERBOSE").is_some() {
+        eprintln!(
+            "  {size} B: append {:.2} GB/s, poll {:.2} GB/s, publishing {:.1} ms",
+            gbs(writing),
+            gbs(reading),
+            publishing.as_secs_f64() * 1e3
+        );
+    }
     (gbs(elapsed), gbs(elapsed - publishing))
 }
 
@@ -198,6 +211,53 @@ fn memcpy_file(size: usize, total: usize) -> f64 {
     (n * size) as f64 / start.elapsed().as_secs_f64() / 1e9
 }
 
+/// GB/s of the CRC32C kernels on the same records, single-threaded: `[memcpy into a reused
+/// 64 MiB buffer, CRC of one hot record, CRC of the records in a 64 MiB buffer (as the reader
+/// checks them), copy+CRC into a 64 MiB buffer (as append writes them), the same with streaming
+/// stores]`. Records sit 32 bytes past an 8-byte-aligned slot start, as in a segment.
+fn kernels(size: usize, total: usize) -> [f64; 5] {
+    use cascade_replay::bench_internals::{crc32c_append, crc32c_copy};
+    let src: Vec<u8> = (0..size).map(|i| (i * 31) as u8).collect();
+    let mut dst = vec![1u8; SEGMENT];
+    let n = total / size;
+    let stride = (size + 32 + 7) & !7;
+    let slots = SEGMENT / stride;
+    let gbs = |t: Instant| (n * size) as f64 / t.elapsed().as_secs_f64() / 1e9;
+    let mut out = [0.0; 5];
+    let t = Instant::now();
+    for i in 0..n {
+        let at = (i % slots) * stride + 32;
+        dst[at..at + size].copy_from_slice(black_box(&src));
+    }
+    black_box(&dst);
+    out[0] = gbs(t);
+    let t = Instant::now();
+    let mut x = 0u32;
+    for _ in 0..n {
+        x ^= crc32c_append(0, black_box(&src));
+    }
+    black_box(x);
+    out[1] = gbs(t);
+    let t = Instant::now();
+    for i in 0..n {
+        let at = (i % slots) * stride + 32;
+        x ^= crc32c_append(0, black_box(&dst[at..at + size]));
+    }
+    black_box(x);
+    out[2] = gbs(t);
+    for (k, stream) in [(3, false), (4, true)] {
+        let t = Instant::now();
+        for i in 0..n {
+            let at = (i % slots) * stride + 32;
+            x ^= crc32c_copy(0, black_box(&src), &mut dst[at..], stream);
+        }
+        black_box(x);
+        black_box(&dst);
+        out[k] = gbs(t);
+    }
+    out
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[v.len() / 2]
@@ -276,7 +336,15 @@ fn main() {
         "| record size | replay append+read GB/s, running log | ratio to memcpy reused | same, without publishing | ratio | fresh log | memcpy reused GB/s | memcpy fresh GB/s | memcpy fresh file GB/s |"
     );
     println!("|---|---|---|---|---|---|---|---|---|");
-    for size in [4 << 10, 256 << 10] {
+    let only_running = std::env::var_os("REPLAY_BENCH_ONLY_RUNNING").is_some();
+    let sizes: Vec<usize> = std::env::var("REPLAY_BENCH_SIZES")
+        .map_or(vec![4 << 10, 256 << 10], |v| {
+            v.split(',').map(|s| s.trim().parse().unwrap()).collect()
+        });
+    for &size in &sizes {
+        if std::env::var_os("REPLAY_BENCH_ONLY_KERNELS").is_some() {
+            break;
+        }
         let mut log = Log::new();
         let _ = replay_throughput(&mut log, size, 16 * SEGMENT); // warm-up: files recycled
         let mut runs: [Vec<f64>; 6] = Default::default();
@@ -284,10 +352,18 @@ fn main() {
             let (all, unpublished) = replay_throughput(&mut log, size, total);
             runs[0].push(all);
             runs[1].push(unpublished);
-            runs[2].push(replay_throughput(&mut Log::new(), size, total).0);
             runs[3].push(memcpy_reused(size, total));
+            if only_running {
+                continue;
+            }
+            runs[2].push(replay_throughput(&mut Log::new(), size, total).0);
             runs[4].push(memcpy_fresh(size, total));
             runs[5].push(memcpy_file(size, total));
+        }
+        for r in &mut runs {
+            if r.is_empty() {
+                r.push(f64::NAN); // skipped (REPLAY_BENCH_ONLY_RUNNING)
+            }
         }
         if std::env::var_os("REPLAY_BENCH_VERBOSE").is_some() {
             eprintln!(
@@ -307,6 +383,39 @@ fn main() {
             per_run.0,
             unpublished / reused,
             per_run.1,
+        );
+    }
+    println!();
+    println!("CRC32C kernels alone, single-threaded, GB/s (ratio to memcpy of the same records in the same run):");
+    println!();
+    println!("| record size | memcpy GB/s | CRC, hot record | CRC, records in 64 MiB (reader) | copy+CRC into 64 MiB (append) | same, streaming stores |");
+    println!("|---|---|---|---|---|---|");
+    for &size in &sizes {
+        if std::env::var_os("REPLAY_BENCH_NO_KERNELS").is_some() {
+            break;
+        }
+        let mut runs: [Vec<f64>; 5] = Default::default();
+        for _ in 0..reps {
+            for (r, v) in runs.iter_mut().zip(kernels(size, total)) {
+                r.push(v);
+            }
+        }
+        if std::env::var_os("REPLAY_BENCH_VERBOSE").is_some() {
+            eprintln!("{size} B kernels: {runs:.1?}");
+        }
+        let m = runs.map(median);
+        println!(
+            "| {} KiB | {:.1} | {:.1} ({:.2}x) | {:.1} ({:.2}x) | {:.1} ({:.2}x) | {:.1} ({:.2}x) |",
+            size >> 10,
+            m[0],
+            m[1],
+            m[1] / m[0],
+            m[2],
+            m[2] / m[0],
+            m[3],
+            m[3] / m[0],
+            m[4],
+            m[4] / m[0]
         );
     }
     if std::env::var_os("REPLAY_BENCH_NO_LATENCY").is_some() {

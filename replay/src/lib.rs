@@ -162,6 +162,31 @@ pub use reader::{Payload, ReaderOptions, Record, ReplayReader};
 pub use segment::{list_segments, segment_file_name, Corruption};
 pub use writer::{ReplayWriter, WriterOptions, LOCK_FILE};
 
+/// The CRC32C kernels, exposed for `benches/replay.rs` (raw kernel throughput against memcpy in
+/// the same run). Not part of the API.
+#[doc(hidden)]
+pub mod bench_internals {
+    /// CRC32C of `data` appended to `crc`, as readers check records.
+    pub fn crc32c_append(crc: u32, data: &[u8]) -> u32 {
+        crate::crc::crc32c_append(crc, data)
+    }
+
+    /// Copies `src` to the start of `dst` and returns its CRC32C, as `append` does; `stream`
+    /// selects the non-temporal stores used for large records.
+    pub fn crc32c_copy(crc: u32, src: &[u8], dst: &mut [u8], stream: bool) -> u32 {
+        assert!(dst.len() >= src.len());
+        // SAFETY: `dst` has room for `src.len()` bytes (checked) and, being a `&mut`, does not
+        // overlap `src`.
+        unsafe {
+            if stream {
+                crate::crc::crc32c_append_copy_nt(crc, src, dst.as_mut_ptr())
+            } else {
+                crate::crc::crc32c_append_copy(crc, src, dst.as_mut_ptr())
+            }
+        }
+    }
+}
+
 /// The largest payload a writer with this segment size accepts.
 pub fn max_payload_for(segment_size: u64) -> usize {
     segment::max_payload(segment_size)

@@ -35,6 +35,12 @@ use memmap2::{Advice, MmapOptions, MmapRaw};
 
 use crate::error::{IoContext, Result};
 
+/// Smallest payload [`Mapping::write_crc`] copies with streaming (non-temporal) stores: large
+/// records go to memory without first reading the destination lines in (see
+/// `crc::crc32c_append_copy_nt`); smaller ones are left in the cache, where the fence and the
+/// unaligned head would cost more than they save.
+const STREAM_MIN: usize = 32 << 10;
+
 /// Smallest mapping worth asking for huge pages (one PMD on x86-64).
 const HUGE: usize = 2 << 20;
 
@@ -259,7 +265,12 @@ impl Mapping {
         // overlap `data` (a separate Rust slice), and holds no published bytes (invariants 1, 3
         // and 4).
         unsafe {
-            crate::crc::crc32c_append_copy(crc, data, self.raw.as_mut_ptr().add(offset as usize))
+            let dst = self.raw.as_mut_ptr().add(offset as usize);
+            if data.len() >= STREAM_MIN {
+                crate::crc::crc32c_append_copy_nt(crc, data, dst)
+            } else {
+                crate::crc::crc32c_append_copy(crc, data, dst)
+            }
         }
     }
 
