@@ -263,6 +263,106 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// Records per 64 MiB: the reader publishes its consumed position this often.
+fn per_publish(size: usize) -> usize {
+    ((64 << 20) / size).max(1)
+}
+
+/// The writer process of [`pipelined`]: `warm` records, then `reps` runs of `n` records, each
+/// started once the reader has consumed everything before it (an empty pipeline); the first
+/// record of a run carries the time just before its `append`.
+fn pipeline_writer(dir: &str, size: usize, warm: usize, n: usize, reps: usize) {
+    let mut w = ReplayWriter::open(dir, opts()).unwrap();
+    let mut payload: Vec<u8> = (0..size).map(|i| (i * 31) as u8).collect();
+    for _ in 0..warm {
+        w.append(RecordMeta::default(), &payload).unwrap();
+    }
+    for rep in 0..reps {
+        let start = (warm + rep * n) as u64;
+        while cascade_replay::read_min_consumed(w.dir()).unwrap() < Some(start) {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        payload[..8].copy_from_slice(&now_ns().to_le_bytes());
+        w.append(RecordMeta::default(), &payload).unwrap();
+        for _ in 1..n {
+            w.append(RecordMeta::default(), &payload).unwrap();
+        }
+    }
+}
+
+/// Two processes, as actors and the learner run: a child process appends `reps` runs of
+/// `total` bytes of `size`-byte records, after a warm-up of 16 segments (so the log is a
+/// running one, recycling its files), while this process polls them concurrently, publishing
+/// its consumed position every 64 MiB. Per run: delivered GB/s from the first `append` (its
+/// timestamp travels in the record) to the last record returned by `poll` (CRC-checked), and
+/// this process's time spent publishing; then `after_run` (the interleaved memcpy baseline,
+/// while the writer waits for the next run).
+fn pipelined(
+    size: usize,
+    total: usize,
+    reps: usize,
+    mut after_run: impl FnMut(),
+) -> Vec<(f64, Duration)> {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("actor-0");
+    let n = total / size;
+    let warm = 16 * SEGMENT / size;
+    // Create the directory (and doorbell) first so the reader finds it at once.
+    drop(ReplayWriter::open(&dir, opts()).unwrap());
+    let mut r = ReplayReader::open(
+        root.path(),
+        ReaderOptions {
+            max_batch: 1 << 20,
+            ..Default::default()
+        },
+        None,
+    )
+    .unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--pipeline-writer",
+            dir.to_str().unwrap(),
+            &size.to_string(),
+            &warm.to_string(),
+            &n.to_string(),
+            &reps.to_string(),
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = Vec::new();
+    let mut read = 0;
+    let mut checksum = 0u64;
+    let (mut t0, mut publishing) = (0u64, Duration::ZERO);
+    while read < warm + reps * n {
+        for rec in r.poll(Duration::from_secs(10)).unwrap() {
+            if read >= warm && (read - warm).is_multiple_of(n) {
+                t0 = u64::from_le_bytes(rec.payload[..8].try_into().unwrap());
+                publishing = Duration::ZERO;
+            }
+            checksum += rec.payload[size - 1] as u64;
+            read += 1;
+            let run_end = read > warm && (read - warm).is_multiple_of(n);
+            if run_end {
+                let secs = (now_ns() - t0) as f64 / 1e9;
+                out.push(((n * size) as f64 / secs / 1e9, publishing));
+                // Before publishing the position, which lets the writer start the next run.
+                after_run();
+            }
+            if read.is_multiple_of(per_publish(size)) || read == warm || run_end {
+                let t = Instant::now();
+                r.publish_consumed().unwrap();
+                if read > warm && !run_end {
+                    publishing += t.elapsed();
+                }
+            }
+        }
+    }
+    black_box(checksum);
+    assert!(child.wait().unwrap().success());
+    out
+}
+
 fn latency_writer(dir: &str, count: usize) {
     let mut w = ReplayWriter::open(dir, opts()).unwrap();
     let mut x = 0x1234_5678u64;
@@ -309,6 +409,11 @@ fn latency(count: usize) -> (f64, f64) {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if args.len() >= 7 && args[1] == "--pipeline-writer" {
+        let num = |i: usize| args[i].parse().unwrap();
+        pipeline_writer(&args[2], num(3), num(4), num(5), num(6));
+        return;
+    }
     if args.len() >= 4 && args[1] == "--latency-writer" {
         latency_writer(&args[2], args[3].parse().unwrap());
         return;
@@ -342,7 +447,9 @@ fn main() {
             v.split(',').map(|s| s.trim().parse().unwrap()).collect()
         });
     for &size in &sizes {
-        if std::env::var_os("REPLAY_BENCH_ONLY_KERNELS").is_some() {
+        if std::env::var_os("REPLAY_BENCH_ONLY_KERNELS").is_some()
+            || std::env::var_os("REPLAY_BENCH_ONLY_PIPELINE").is_some()
+        {
             break;
         }
         let mut log = Log::new();
@@ -384,6 +491,41 @@ fn main() {
             unpublished / reused,
             per_run.1,
         );
+    }
+    if std::env::var_os("REPLAY_BENCH_NO_PIPELINE").is_none() {
+        println!();
+        println!(
+            "Two processes (writer child, reader here, concurrently), running log: delivered GB/s \
+             from the first append to the last record polled; the reader publishes its consumed \
+             position every 64 MiB, its time doing so is included (shown per run); memcpy reused \
+             runs after each run, while the writer waits"
+        );
+        println!();
+        println!("| record size | two processes GB/s | ratio to memcpy reused | publishing ms per run | memcpy reused GB/s |");
+        println!("|---|---|---|---|---|");
+        for &size in &sizes {
+            if std::env::var_os("REPLAY_BENCH_ONLY_KERNELS").is_some() {
+                break;
+            }
+            let mut copies = Vec::new();
+            let runs = pipelined(size, total, reps, || {
+                copies.push(memcpy_reused(size, total))
+            });
+            if std::env::var_os("REPLAY_BENCH_VERBOSE").is_some() {
+                eprintln!(
+                    "{size} B two processes (GB/s, publishing), memcpy: {runs:.2?} {copies:.2?}"
+                );
+            }
+            let gbs: Vec<f64> = runs.iter().map(|r| r.0).collect();
+            let per_run = median(gbs.iter().zip(&copies).map(|(x, y)| x / y).collect());
+            let publishing = median(runs.iter().map(|r| r.1.as_secs_f64() * 1e3).collect());
+            let (gbs, copy) = (median(gbs), median(copies));
+            println!(
+                "| {} KiB | {gbs:.2} | {:.2} ({per_run:.2}) | {publishing:.1} | {copy:.2} |",
+                size >> 10,
+                gbs / copy
+            );
+        }
     }
     println!();
     println!("CRC32C kernels alone, single-threaded, GB/s (ratio to memcpy of the same records in the same run):");

@@ -29,8 +29,9 @@
 //!
 //! Retention retires a segment once every registered consumer (one with a consumed-position
 //! file, see [`write_consumed`]) has published a position past all its records. Instead of
-//! deleting it, the writer keeps up to two retired segments (under their names, still mapped;
-//! they count within `max_segments`, beyond them retired segments are deleted) and reuses their
+//! deleting it, the writer keeps retired segments (under their names, still mapped) as long as
+//! they, the live segments and the spare fit within `max_segments` (only beyond that are retired
+//! segments deleted, so the directory stays at its high-water mark), and reuses their
 //! files for later segments, with their page-cache pages: the helper thread renames
 //! `seg-<old>.log` to `seg-<new>.log.tmp`, fsyncs the directory, stores the new index in the
 //! header's index word (the first byte of the file to change) and re-faults any page written

@@ -75,6 +75,11 @@ impl Mapping {
     /// Maps `path` read-only (readers, `inspect`). An empty file yields an empty mapping.
     pub(crate) fn open_read(path: &Path) -> Result<Mapping> {
         let file = File::open(path).at(path)?;
+        Mapping::open_read_file(&file, path)
+    }
+
+    /// Maps `file` (opened for reading, at `path`) read-only, as [`Mapping::open_read`].
+    pub(crate) fn open_read_file(file: &File, path: &Path) -> Result<Mapping> {
         let len = file.metadata().at(path)?.len();
         if len == 0 {
             // mmap of zero bytes is EINVAL; a one-byte anonymous map stands in, with length 0.
@@ -86,7 +91,7 @@ impl Mapping {
                 writable: false,
             });
         }
-        let raw = MmapOptions::new().map_raw_read_only(&file).at(path)?;
+        let raw = MmapOptions::new().map_raw_read_only(file).at(path)?;
         advise_huge(&raw);
         Ok(Mapping {
             len: raw.len() as u64,

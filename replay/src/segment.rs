@@ -491,16 +491,16 @@ pub(crate) fn scan_segment(map: &Mapping) -> SegmentScan {
     scan
 }
 
-/// Checks a segment's header against what its file name says.
-pub(crate) fn check_header(map: &Mapping, index: u64) -> Result<SegmentHeader> {
+/// Checks the header of segment file `path` (mapped as `map`) against what its file name says.
+pub(crate) fn check_header(map: &Mapping, path: &Path, index: u64) -> Result<SegmentHeader> {
     let head = map.bytes(0, SEGMENT_HEADER_LEN as u64).unwrap_or(&[]);
     let header = SegmentHeader::from_bytes(head).map_err(|reason| ReplayError::BadSegment {
-        path: map.path().to_path_buf(),
+        path: path.to_path_buf(),
         reason,
     })?;
     if header.index != index {
         return Err(ReplayError::BadSegment {
-            path: map.path().to_path_buf(),
+            path: path.to_path_buf(),
             reason: format!(
                 "header says segment {}, file name says {index}",
                 header.index
