@@ -2,9 +2,10 @@
 //! logits that stay in device memory (one block per row). Same keys and the same integer draw as
 //! the CPU reference ([`super::cpu`]), so the tokens match it.
 //!
-//! cudarc loads `libcuda` and `libnvrtc` lazily and *panics* when they are missing, so every
-//! entry point checks [`driver_available`] / [`nvrtc_available`] first and returns
-//! [`SamplerError::NoDriver`] or [`SamplerError::Compile`] instead.
+//! With `cuda-kernels` alone, cudarc loads `libcuda` and `libnvrtc` lazily and *panics* when
+//! they are missing, so every entry point checks [`driver_available`] / [`nvrtc_available`]
+//! first and returns [`SamplerError::NoDriver`] or [`SamplerError::Compile`] instead. With
+//! `cuda`, both libraries are linked (see [`driver_available`]).
 
 use std::sync::Arc;
 
@@ -20,6 +21,7 @@ use super::weights::MAX_VOCAB;
 use super::Sampler;
 
 /// Whether the CUDA driver library (`libcuda.so`) can be loaded.
+#[cfg(not(feature = "cuda"))]
 pub fn driver_available() -> bool {
     // SAFETY: `is_culib_present` only tries `dlopen` on the driver's library names and drops
     // the handle; it has no precondition. Loading runs the library's initialisers, which is
@@ -28,9 +30,26 @@ pub fn driver_available() -> bool {
 }
 
 /// Whether NVRTC (`libnvrtc.so.13`) can be loaded.
+#[cfg(not(feature = "cuda"))]
 pub fn nvrtc_available() -> bool {
     // SAFETY: as for `driver_available`: a `dlopen` attempt with no precondition.
     unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
+/// Whether the CUDA driver library can be used: always, with the `cuda` feature. candle's CUDA
+/// backend makes cudarc link `libcuda` and `libnvrtc` at build time (its `dynamic-linking`,
+/// which replaces the lazy loading of `cuda-kernels` alone), so a binary built with it does
+/// not start without them; the dynamic loader names the missing library.
+#[cfg(feature = "cuda")]
+pub fn driver_available() -> bool {
+    true
+}
+
+/// Whether NVRTC can be used: always, with the `cuda` feature (linked, see
+/// [`driver_available`]).
+#[cfg(feature = "cuda")]
+pub fn nvrtc_available() -> bool {
+    true
 }
 
 /// Compiles one kernel source to PTX with the sampler's NVRTC options.
