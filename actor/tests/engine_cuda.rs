@@ -93,11 +93,14 @@ fn device_sampler_draws_the_cpu_samplers_tokens() {
     assert_eq!(a.len(), 48);
     assert_eq!(b.len(), 48);
     // Same forward passes (same batch layout), so the same logits: every draw should agree.
-    // A sample whose tokens part is compared up to its first difference (after it the
-    // prefixes, and so the logits, differ).
+    // Each sample is compared up to its first differing token (after it the prefixes, and so
+    // the logits, differ).
     let (mut draws, mut differ) = (0usize, 0usize);
     for (x, y) in a.iter().zip(&b) {
-        assert_eq!((x.job.prompt_id, x.sample_index), (y.job.prompt_id, y.sample_index));
+        assert_eq!(
+            (x.job.prompt_id, x.sample_index),
+            (y.job.prompt_id, y.sample_index)
+        );
         for (i, (tx, ty)) in x.response_ids.iter().zip(&y.response_ids).enumerate() {
             draws += 1;
             if tx != ty {
