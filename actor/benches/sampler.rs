@@ -4,7 +4,8 @@
 //!   for top-p) on the same rows.
 //!
 //! `cargo bench -p cascade-actor --bench sampler` prints a table. Env: `SAMPLER_BENCH_ROWS`
-//! (default 64), `SAMPLER_BENCH_VOCAB` (default 151936), `SAMPLER_BENCH_REPS` (default 5).
+//! (default 64), `SAMPLER_BENCH_VOCAB` (default 151936), `SAMPLER_BENCH_REPS` (default 5),
+//! `SAMPLER_BENCH_ONLY` (run only the settings whose name starts with it, e.g. `top-p`).
 //! Logits are Gaussian with standard deviation 3 (a peaked, LM-like softmax).
 
 use std::time::{Duration, Instant};
@@ -125,7 +126,11 @@ fn main() {
         ),
         ("greedy", SamplingParams::greedy(), Sampling::ArgMax),
     ];
+    let only = std::env::var("SAMPLER_BENCH_ONLY").ok();
     for (name, params, reference) in settings {
+        if only.as_deref().is_some_and(|o| !name.starts_with(o)) {
+            continue;
+        }
         let ours_1 = one.install(|| {
             time(reps, || {
                 std::hint::black_box(sample_batch(&logits, vocab, &params, &keys).unwrap());

@@ -40,6 +40,8 @@ pub struct Scratch {
     top: Vec<u32>,
     /// Radix candidates of a threshold search.
     candidates: Vec<(u32, u64)>,
+    /// The top digit's histogram of the weight pass.
+    hist: Option<Box<TopHistogram>>,
 }
 
 /// The top digit's histogram, kept in four interleaved copies while it is filled: logits of a
@@ -56,6 +58,11 @@ impl TopHistogram {
             count: [[0; BINS]; 4],
             mass: [[0; BINS]; 4],
         })
+    }
+
+    fn clear(&mut self) {
+        self.count = [[0; BINS]; 4];
+        self.mass = [[0; BINS]; 4];
     }
 
     fn merged(&self) -> Histogram {
@@ -232,12 +239,17 @@ pub fn sample_batch(
             vocab,
         });
     }
+    thread_local! {
+        // One per pool thread, kept between calls: a fresh one per row would page-fault in
+        // its 1.2 MB of buffers every time (rayon's `map_init` makes one per work split).
+        static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
+    }
     logits
         .par_chunks(vocab)
         .zip(keys.par_iter())
         .enumerate()
-        .map_init(Scratch::default, |scratch, (i, (row, key))| {
-            sample_row(row, params, key, scratch, i)
+        .map(|(i, (row, key))| {
+            SCRATCH.with(|s| sample_row(row, params, key, &mut s.borrow_mut(), i))
         })
         .collect()
 }
@@ -279,19 +291,17 @@ pub fn sample_row(
         block_mass,
         top,
         candidates,
+        hist: hist_buf,
     } = scratch;
     weights.clear();
     weights.resize(row.len(), 0.0);
     block_mass.clear();
-    let mut hist = truncate.then(TopHistogram::new);
-    let sum = weight_pass(
-        row,
-        max_logit,
-        inv_t,
-        weights,
-        block_mass,
-        hist.as_deref_mut(),
-    );
+    let hist = truncate.then(|| {
+        let h = hist_buf.get_or_insert_with(TopHistogram::new);
+        h.clear();
+        &mut **h
+    });
+    let sum = weight_pass(row, max_logit, inv_t, weights, block_mass, hist);
     let total: u64 = block_mass.iter().sum();
     let logprob = |token: usize| behaviour_logprob(row[token], max_logit, sum, params.temperature);
 
@@ -319,7 +329,7 @@ pub fn sample_row(
 
     // The lowest top digit that can hold the kept set: top-k's bin (top-p then keeps a subset
     // of the top-k set), else top-p's.
-    let hist = hist.expect("truncating").merged();
+    let hist = hist_buf.as_ref().expect("truncating").merged();
     let target_p = |mass: u64| top_p.map(|p| top_p_target(p, mass));
     let lowest_bin = match (top_k, target_p(total)) {
         (Some(k), _) => pick_top_bin(&hist, By::Count, k as u64),
