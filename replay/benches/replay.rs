@@ -2,18 +2,32 @@
 //! run, and cross-process latency from `append` returning to `poll` returning the record.
 //!
 //! `cargo bench -p cascade-replay --bench replay`. Environment: `REPLAY_BENCH_MB` (default
-//! 1024) bytes per throughput case; `REPLAY_BENCH_REPS` (default 5) interleaved runs per case,
-//! the median is printed; `REPLAY_BENCH_VERBOSE` prints every run; `REPLAY_BENCH_NO_LATENCY`
-//! skips the latency part.
+//! 1024) bytes per throughput run; `REPLAY_BENCH_REPS` (default 5) interleaved runs per case,
+//! the median is printed; `REPLAY_BENCH_SIZES` record sizes in bytes (default `4096,262144`);
+//! `REPLAY_BENCH_CASES` a comma-separated subset of `serial,fresh,pipelined,kernels,latency`
+//! (default all; `fresh` adds the fresh-log column and the fresh-memory baselines to `serial`);
+//! `REPLAY_BENCH_VERBOSE` prints every run (and, for `serial`, append and poll GB/s apart);
+//! `REPLAY_BENCH_NO_LATENCY` skips the latency part.
 //!
-//! The replay case runs a writer and a reader in one thread, as before; the writer's helper
-//! thread (segment preparation, recycling and release, see the crate docs) runs beside it. The
-//! reader publishes its consumed position every 64 MiB, as a learner does after its snapshots
-//! (far more often here), so retention recycles consumed segments. Two replay figures: a log
-//! that has been running (steady state: warmed up through 16 segments on the same writer and
-//! reader before the timed runs, which then continue it, so its segment files are recycled
-//! ones) and a fresh log (a new directory per run: the first segments are new files, as for an
-//! actor that just started). The memcpy baselines are single-threaded.
+//! Cases:
+//! - `serial`: a writer and a reader in one thread, alternating (append 8 MiB, then poll it),
+//!   so the time is the sum of the writer's pass (copy + CRC) and the reader's (CRC check);
+//!   the writer's helper thread runs beside it. The reader publishes its consumed position
+//!   every 64 MiB (a learner does after its snapshots, far less often), so retention recycles
+//!   segments; "without publishing" subtracts that time. "Running log": warmed up through 16
+//!   segments, so its files are recycled ones (an actor's steady state); "fresh log": a new
+//!   directory per run, whose first segments are new files.
+//! - `pipelined`: how actors and the learner run: a writer child process appends while this
+//!   process polls, concurrently, on a running log (16-segment warm-up); each run starts on
+//!   an empty pipeline and is timed from the first `append` (its timestamp travels in the
+//!   record) to the last record returned by `poll`, CRC-checked.
+//! - `kernels`: the CRC32C kernels alone against memcpy of the same records.
+//! - `latency`: 3000 64-byte records 100-500 µs apart from a child process, the time from
+//!   before `append` to `poll` returning them (doorbell wake-up).
+//!
+//! The memcpy baselines are single-threaded: memcpy into a pre-faulted 64 MiB buffer
+//! ("reused") is the ratio's denominator. Figures on the development machine: see the crate
+//! docs (`replay/src/lib.rs`, Performance).
 
 use std::hint::black_box;
 use std::process::{Command, Stdio};
@@ -421,13 +435,23 @@ fn main() {
     if args.iter().any(|a| a == "--list") {
         return;
     }
-    let total = std::env::var("REPLAY_BENCH_MB")
-        .map(|v| v.parse().unwrap())
-        .unwrap_or(1024usize)
-        << 20;
-    let reps: usize = std::env::var("REPLAY_BENCH_REPS")
-        .map(|v| v.parse().unwrap())
-        .unwrap_or(5);
+    let env = |name: &str| std::env::var(name).ok();
+    let total = env("REPLAY_BENCH_MB").map_or(1024, |v| v.parse().unwrap()) << 20;
+    let reps: usize = env("REPLAY_BENCH_REPS").map_or(5, |v| v.parse().unwrap());
+    let verbose = env("REPLAY_BENCH_VERBOSE").is_some();
+    let sizes: Vec<usize> = env("REPLAY_BENCH_SIZES").map_or(vec![4 << 10, 256 << 10], |v| {
+        v.split(',').map(|s| s.trim().parse().unwrap()).collect()
+    });
+    let cases =
+        env("REPLAY_BENCH_CASES").unwrap_or("serial,fresh,pipelined,kernels,latency".into());
+    let case = |name: &str| cases.split(',').any(|c| c.trim() == name);
+    let with_latency = case("latency") && env("REPLAY_BENCH_NO_LATENCY").is_none();
+    // Ratio of medians, and median of the per-run ratios (runs are interleaved, so a run's ratio
+    // compares the log and memcpy under the same load).
+    let ratios = |a: &[f64], b: &[f64]| {
+        let per_run = median(a.iter().zip(b).map(|(x, y)| x / y).collect());
+        (median(a.to_vec()) / median(b.to_vec()), per_run)
+    };
     println!(
         "{} MiB per case, median of {reps} interleaved runs. memcpy baselines, the same records from \
          one hot source buffer: into one pre-faulted 64 MiB buffer (reused); into a fresh 64 MiB \
@@ -436,22 +460,18 @@ fn main() {
          the per-run ratios in parentheses)",
         total >> 20
     );
-    println!();
-    println!(
-        "| record size | replay append+read GB/s, running log | ratio to memcpy reused | same, without publishing | ratio | fresh log | memcpy reused GB/s | memcpy fresh GB/s | memcpy fresh file GB/s |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|");
-    let only_running = std::env::var_os("REPLAY_BENCH_ONLY_RUNNING").is_some();
-    let sizes: Vec<usize> = std::env::var("REPLAY_BENCH_SIZES")
-        .map_or(vec![4 << 10, 256 << 10], |v| {
-            v.split(',').map(|s| s.trim().parse().unwrap()).collect()
-        });
-    for &size in &sizes {
-        if std::env::var_os("REPLAY_BENCH_ONLY_KERNELS").is_some()
-            || std::env::var_os("REPLAY_BENCH_ONLY_PIPELINE").is_some()
-        {
-            break;
-        }
+    if case("serial") {
+        println!();
+        println!(
+            "One thread, serially: append 8 MiB, then poll it (the sum of both passes' times)."
+        );
+        println!();
+        println!(
+            "| record size | running log GB/s | ratio to memcpy reused | same, without publishing | ratio | fresh log | memcpy reused GB/s | memcpy fresh GB/s | memcpy fresh file GB/s |"
+        );
+        println!("|---|---|---|---|---|---|---|---|---|");
+    }
+    for &size in sizes.iter().filter(|_| case("serial")) {
         let mut log = Log::new();
         let _ = replay_throughput(&mut log, size, 16 * SEGMENT); // warm-up: files recycled
         let mut runs: [Vec<f64>; 6] = Default::default();
@@ -460,89 +480,77 @@ fn main() {
             runs[0].push(all);
             runs[1].push(unpublished);
             runs[3].push(memcpy_reused(size, total));
-            if only_running {
-                continue;
-            }
-            runs[2].push(replay_throughput(&mut Log::new(), size, total).0);
-            runs[4].push(memcpy_fresh(size, total));
-            runs[5].push(memcpy_file(size, total));
-        }
-        for r in &mut runs {
-            if r.is_empty() {
-                r.push(f64::NAN); // skipped (REPLAY_BENCH_ONLY_RUNNING)
+            if case("fresh") {
+                runs[2].push(replay_throughput(&mut Log::new(), size, total).0);
+                runs[4].push(memcpy_fresh(size, total));
+                runs[5].push(memcpy_file(size, total));
             }
         }
-        if std::env::var_os("REPLAY_BENCH_VERBOSE").is_some() {
+        if verbose {
             eprintln!(
                 "{size} B: running, running without publishing, fresh log, reused, fresh, file: \
                  {runs:.2?}"
             );
         }
-        // Ratios of medians and medians of the per-run ratios (runs are interleaved, so a run's
-        // ratio compares the log and memcpy under the same load).
-        let ratio = |a: &[f64], b: &[f64]| median(a.iter().zip(b).map(|(x, y)| x / y).collect());
-        let per_run = (ratio(&runs[0], &runs[3]), ratio(&runs[1], &runs[3]));
-        let [replay, unpublished, new_log, reused, fresh, file] = runs.map(median);
+        let (all, unpublished) = (ratios(&runs[0], &runs[3]), ratios(&runs[1], &runs[3]));
+        let [replay, without, new_log, reused, fresh, file] =
+            runs.map(|r| if r.is_empty() { f64::NAN } else { median(r) });
         println!(
-            "| {} KiB | {replay:.2} | {:.2} ({:.2}) | {unpublished:.2} | {:.2} ({:.2}) | {new_log:.2} | {reused:.2} | {fresh:.2} | {file:.2} |",
+            "| {} KiB | {replay:.2} | {:.2} ({:.2}) | {without:.2} | {:.2} ({:.2}) | {new_log:.2} | {reused:.2} | {fresh:.2} | {file:.2} |",
             size >> 10,
-            replay / reused,
-            per_run.0,
-            unpublished / reused,
-            per_run.1,
+            all.0,
+            all.1,
+            unpublished.0,
+            unpublished.1,
         );
     }
-    if std::env::var_os("REPLAY_BENCH_NO_PIPELINE").is_none() {
+    if case("pipelined") {
         println!();
         println!(
-            "Two processes (writer child, reader here, concurrently), running log: delivered GB/s \
-             from the first append to the last record polled; the reader publishes its consumed \
-             position every 64 MiB, its time doing so is included (shown per run); memcpy reused \
-             runs after each run, while the writer waits"
+            "Two processes (a writer child process, the reader here), concurrently, running log: \
+             GB/s delivered from the first append to the last record polled (CRC-checked); the \
+             reader publishes its consumed position every 64 MiB, included (its median ms per \
+             run shown); memcpy reused runs after each run, while the writer waits"
         );
         println!();
         println!("| record size | two processes GB/s | ratio to memcpy reused | publishing ms per run | memcpy reused GB/s |");
         println!("|---|---|---|---|---|");
-        for &size in &sizes {
-            if std::env::var_os("REPLAY_BENCH_ONLY_KERNELS").is_some() {
-                break;
-            }
-            let mut copies = Vec::new();
-            let runs = pipelined(size, total, reps, || {
-                copies.push(memcpy_reused(size, total))
-            });
-            if std::env::var_os("REPLAY_BENCH_VERBOSE").is_some() {
-                eprintln!(
-                    "{size} B two processes (GB/s, publishing), memcpy: {runs:.2?} {copies:.2?}"
-                );
-            }
-            let gbs: Vec<f64> = runs.iter().map(|r| r.0).collect();
-            let per_run = median(gbs.iter().zip(&copies).map(|(x, y)| x / y).collect());
-            let publishing = median(runs.iter().map(|r| r.1.as_secs_f64() * 1e3).collect());
-            let (gbs, copy) = (median(gbs), median(copies));
-            println!(
-                "| {} KiB | {gbs:.2} | {:.2} ({per_run:.2}) | {publishing:.1} | {copy:.2} |",
-                size >> 10,
-                gbs / copy
-            );
-        }
     }
-    println!();
-    println!("CRC32C kernels alone, single-threaded, GB/s (ratio to memcpy of the same records in the same run):");
-    println!();
-    println!("| record size | memcpy GB/s | CRC, hot record | CRC, records in 64 MiB (reader) | copy+CRC into 64 MiB (append) | same, streaming stores |");
-    println!("|---|---|---|---|---|---|");
-    for &size in &sizes {
-        if std::env::var_os("REPLAY_BENCH_NO_KERNELS").is_some() {
-            break;
+    for &size in sizes.iter().filter(|_| case("pipelined")) {
+        let mut copies = Vec::new();
+        let runs = pipelined(size, total, reps, || {
+            copies.push(memcpy_reused(size, total))
+        });
+        if verbose {
+            eprintln!("{size} B two processes (GB/s, publishing), memcpy: {runs:.2?} {copies:.2?}");
         }
+        let gbs: Vec<f64> = runs.iter().map(|r| r.0).collect();
+        let (ratio, per_run) = ratios(&gbs, &copies);
+        let publishing = median(runs.iter().map(|r| r.1.as_secs_f64() * 1e3).collect());
+        println!(
+            "| {} KiB | {:.2} | {ratio:.2} ({per_run:.2}) | {publishing:.1} | {:.2} |",
+            size >> 10,
+            median(gbs),
+            median(copies),
+        );
+    }
+    if case("kernels") {
+        println!();
+        println!(
+            "CRC32C kernels alone, one thread, GB/s (ratio to memcpy of the same records, same run):"
+        );
+        println!();
+        println!("| record size | memcpy GB/s | CRC, hot record | CRC, records in 64 MiB (reader) | copy+CRC into 64 MiB (append) | same, streaming stores |");
+        println!("|---|---|---|---|---|---|");
+    }
+    for &size in sizes.iter().filter(|_| case("kernels")) {
         let mut runs: [Vec<f64>; 5] = Default::default();
         for _ in 0..reps {
             for (r, v) in runs.iter_mut().zip(kernels(size, total)) {
                 r.push(v);
             }
         }
-        if std::env::var_os("REPLAY_BENCH_VERBOSE").is_some() {
+        if verbose {
             eprintln!("{size} B kernels: {runs:.1?}");
         }
         let m = runs.map(median);
@@ -560,10 +568,11 @@ fn main() {
             m[4] / m[0]
         );
     }
-    if std::env::var_os("REPLAY_BENCH_NO_LATENCY").is_some() {
-        return;
+    if with_latency {
+        let (median, p99) = latency(3000);
+        println!();
+        println!(
+            "cross-process latency (append → poll), 3000 records: median {median:.1} µs, p99 {p99:.1} µs"
+        );
     }
-    let (median, p99) = latency(3000);
-    println!();
-    println!("cross-process latency (append → poll), 3000 records: median {median:.1} µs, p99 {p99:.1} µs");
 }

@@ -74,68 +74,64 @@
 //! # Performance
 //!
 //! `append` copies the payload once, into the mapped segment, computing its CRC32C on the way
-//! (one pass over the payload with AVX-512 + VPCLMULQDQ when the CPU has them, see `crc`);
-//! readers hand out payloads zero-copy from their own mapping after checking the CRC. On a
-//! fresh log, what dominates is
-//! not the copy but the kernel's work for new page-cache pages (allocating and zeroing them,
-//! marking preallocated blocks written, freeing them when retention deletes a segment): about
-//! 18 ms per 64 MiB segment against 2 ms for the copy. A running log recycles its segment
-//! files, so after its first few segments it touches no new page. The helper thread prepares
-//! the next segment (recycled, or preallocated, fsynced, mapped with huge pages where the
-//! filesystem has large folios, prefaulted) once the active one is a quarter full, and unmaps
-//! deleted segments; a roll then costs about 30 µs (rename, header) plus 80 µs of retention
-//! (reading the consumed-position files).
+//! (one pass with AVX-512 + VPCLMULQDQ when the CPU has them, see `crc`); payloads of 32 KiB or
+//! more are copied with streaming stores, which write the destination's cache lines without
+//! reading them first. Readers hand out payloads zero-copy from their mapping after checking
+//! the CRC (the same fold, prefetching 8 KiB ahead). A running log touches no new page: every
+//! consumed segment file is recycled (within `max_segments`), the helper thread prepares the
+//! next segment from one as soon as one is available (rename, directory fsync, re-fault of
+//! pages written back: the re-fault takes about 0.3 ms), and readers keep their mapping of each file (by inode)
+//! and reuse it when the file comes back as a later segment. A new file costs 10-30 ms of
+//! kernel work per 64 MiB on a quiet machine (allocating and zeroing page-cache pages over
+//! ext4's unwritten extents), 0.5 s with two processes streaming through memory beside it:
+//! a fresh log pays that for its first segments, a running one only until its directory
+//! reaches its high-water mark.
+//!
+//! Where the time goes (perf, 256 KiB records, running log, steady state): the writer's
+//! copy + CRC and the reader's CRC check are nearly all of the log's CPU time; page faults,
+//! the helper, retention and publishing are a few percent of CPU, though publishing the
+//! consumed position (two fsyncs) waits 5-300 ms per 512 MiB depending on the machine's other
+//! I/O. At 4 KiB, per-record work (header CRCs, the doorbell's locked increment, which waits
+//! for the payload's stores to drain, the reader's bookkeeping) adds about 100 ns a record on
+//! each side. The kernels alone (bench case `kernels`, one thread, same run as a memcpy of
+//! the same records at 38 GB/s; 256 KiB): CRC of a hot record 64 GB/s, of records coming from
+//! memory 42 (34 before the prefetch), copy + CRC into a 64 MiB buffer 27.5 with normal stores,
+//! 41 with streaming stores. At 4 KiB (memcpy 26): 23, 24.5 and 17 (hence normal stores there).
 //!
 //! `REPLAY_BENCH_MB=512 cargo bench -p cascade-replay --bench replay` on the 2-core AMD EPYC
-//! (Zen 5) KVM guest this was developed on, ext4 on virtio, kernel 6.18, with another agent's
-//! builds and tests on the machine (load average 3.3–3.7); each bench run prints medians of 5
-//! interleaved runs, and the table gives the median over 4 such runs (GB/s, 64 MiB segments,
-//! writer and reader in one thread plus the writer's helper; the reader publishes its consumed
-//! position every 64 MiB; ratios to memcpy into a reused buffer, of the medians):
+//! (Zen 5) KVM guest this was developed on, ext4 on virtio, kernel 6.18, 64 MiB segments, with
+//! another agent's builds on the machine. Runs of this code and of the code before the
+//! streaming stores, prefetch, full recycling and mapping reuse (commit ddcf3b5), alternating,
+//! load average 1.4-1.8 during the pair shown; GB/s and ratio to memcpy into a reused buffer
+//! (in the same run), medians of 5 interleaved runs:
 //!
-//! | record | running log | ratio | same, without publishing | ratio | fresh log | memcpy reused | memcpy fresh anon | memcpy fresh file |
-//! |---|---|---|---|---|---|---|---|---|
-//! | 4 KiB | 6.70 | 0.29× | 7.48 | 0.33× | 2.9 | 22.3 | 14.6 | 3.61 |
-//! | 256 KiB | 9.60 | 0.36× | 11.3 | 0.43× | 3.1 | 27.8 | 16.8 | 3.82 |
+//! | record | serial, running log | without publishing | fresh log | two processes | memcpy reused |
+//! |---|---|---|---|---|---|
+//! | 4 KiB, before | 3.27 (0.18×) | 8.25 (0.46×) | 0.53 | 5.88 (0.23×) | 18.0 / 25.2 |
+//! | 4 KiB, now | 6.87 (0.28×) | 9.25 (0.37×) | 1.02 | 5.34 (0.21×) | 24.8 / 25.1 |
+//! | 256 KiB, before | 10.74 (0.27×) | 12.46 (0.31×) | 6.09 | 8.32 (0.24×) | 40.4 / 35.1 |
+//! | 256 KiB, now | 15.75 (0.46×) | 18.18 (0.53×) | 8.78 | 19.19 (0.50×) | 34.5 / 38.2 |
 //!
-//! Before recycling (the commit before this one), the same bench, run alternately with this one
-//! while the machine was quieter (load average about 2), gave 1.72 and 2.72 GB/s at 4 KiB
-//! (0.07×, 0.12×) and 3.27 and 2.72 GB/s at 256 KiB (0.18× both); this crate's earlier table
-//! said 1.88 and 2.23 GB/s. Recycling alone (CRC and copy still two passes), in that quieter
-//! hour: 10.35 GB/s at 256 KiB, 0.44× (0.51× without publishing), and 6.96 GB/s at 4 KiB,
-//! 0.28×. The one-pass CRC + copy then added 10–25 % in runs alternating with that version
-//! under equal load (256 KiB without publishing: 11.3, 13.2, 14.2 against 9.1, 8.8, 12.3). With
-//! the machine loaded (load average 4–8) every figure halves and scatters, memcpy's included,
-//! and publishing the consumed position (two fsyncs, 2–15 ms each then) takes half the time.
+//! (memcpy: the serial case's run / the two-process case's run.) Cross-process latency
+//! (append → `poll` returns, doorbell wake-up), same runs: median 10.4 µs, p99 38 µs, before
+//! and now. The two later pairs, with the load average rising to 2-2.7, scatter widely for
+//! both versions (two processes, 256 KiB: 2.8-4.3 GB/s before, 3.7-6.1 now; serial without
+//! publishing 10.3-14.2 before, 17.2-18.4 now; latency p99 0.2-1.8 ms): on two cores, a third
+//! busy process takes a core from the writer, its helper or the reader.
 //!
-//! "Running log": the same writer and reader, warmed up through 16 segments, so every segment
-//! is a recycled file (the steady state of an actor). "Without publishing": the same runs less
-//! the time the reader spent publishing its consumed position (a learner publishes once per
-//! snapshot, not every 64 MiB). "Fresh log": a new directory per run, whose first segments are
-//! new files (after its first few segments it recycles too; this column scatters most). The
-//! baselines copy the same records from one hot buffer: into one pre-faulted 64 MiB buffer;
-//! into a new 64 MiB anonymous huge-page mapping per 64 MiB; into a new fallocated, mapped,
-//! then deleted 64 MiB file per 64 MiB (no CRC, no reader): the ceiling of any log that writes
-//! every record to new file pages, which the running log now exceeds 2.5×.
-//!
-//! One run of the bench with the machine otherwise idle (same commit as the table): 256 KiB
-//! 7.69 GB/s running log (0.27×), 9.46 without publishing (0.33×), memcpy reused 29.0; 4 KiB
-//! 5.87 (0.27×), 6.75 (0.32×), memcpy 21.4; latency median 16.2 µs, p99 73 µs. A quiet machine
-//! speeds memcpy up more than the log.
-//!
-//! The goal, half of a plain memcpy at 256 KiB, is not reached as measured here: 0.27–
-//! 0.44× with the bench's publishing, 0.33–0.51× without, depending mostly on how fast memcpy
-//! happens to run (22–33 GB/s on this guest). What is left after recycling is the work the log
-//! must do per byte: `append` folds the CRC over the payload while copying it into the mapped
-//! segment, and the reader computes the CRC again over the record as it comes back from
-//! memory (about 25 GB/s), so every byte is read twice and written once where memcpy reads and
-//! writes it once. Rolling costs about 0.1 ms per segment, retention's reading of the consumed
-//! files included, and the consumer's publishing what it chooses. The rest is the machine:
-//! appends of a few ms when the thread is preempted (5–15 % of the time on this 2-core guest
-//! when it is loaded). At 4 KiB, per-record work (two header CRCs, the publication stores, the
-//! reader's bookkeeping: about 250 ns a record) also counts.
-//! Cross-process latency (append → `poll` returns, doorbell wake-up): median 12.0 µs, p99
-//! 0.4–1.5 ms with the machine loaded as above (11.1 µs and 54 µs when quieter).
+//! How to read the columns. "Serial": writer and reader in one thread, appending 8 MiB then
+//! polling it, so its time is the sum of the two passes; each pass alone runs at about
+//! memcpy speed (256 KiB: append 37-38 GB/s, poll 36-37, `REPLAY_BENCH_VERBOSE`; memcpy into
+//! the reused buffer scatters from 22 to 40 GB/s between runs), so this setup cannot go much
+//! past 0.5×. "Without publishing": the same less the time the
+//! reader spent publishing its consumed position every 64 MiB (a learner publishes after its
+//! snapshots). "Two processes": how actors and the learner run, a writer process and a reader
+//! process concurrently, from the first `append` to the last record returned by `poll` and
+//! CRC-checked, publishing included; on this 2-core guest the writer, its helper and the
+//! reader share two cores. "Fresh log": a new directory per run, mostly new files.
+//! The goal, 0.5× memcpy at 256 KiB, is reached by the two-process figure and the
+//! serial figure without publishing in that quiet pair, and missed whenever the machine is
+//! busy; the median latency is well under its 50 µs.
 #![warn(missing_docs)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 

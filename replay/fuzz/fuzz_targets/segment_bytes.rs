@@ -9,6 +9,11 @@
 //!   that a fresh reader delivers it intact.
 //!
 //! Run: `cd replay/fuzz && cargo +nightly fuzz run segment_bytes -- -max_total_time=900`.
+//!
+//! Last run (segment format v2, with the reader's mapping reuse and the streaming-store
+//! writer, 2026-12-03, empty starting corpus, nightly + cargo-fuzz 0.13.2, machine shared with
+//! another build): 901 s, 618 605 executions (686/s on average), no crash, no panic; the
+//! corpus grew to 141 inputs (24 KB), coverage 1558 edges.
 #![no_main]
 
 #[path = "../../tests/fuzz_check/mod.rs"]
