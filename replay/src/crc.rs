@@ -335,8 +335,10 @@ mod tests {
         /// The same with streaming stores: the unaligned head, the streamed blocks and the tail
         /// land exactly where they belong, whatever the destination's alignment.
         #[test]
-        fn crc_and_streaming_copy_in_one_pass(data in proptest::collection::vec(any::<u8>(), 0..3000),
-                                              crc: u32, src_at in 0usize..64, dst_at in 0usize..64) {
+        fn crc_and_streaming_copy_in_one_pass(
+            data in proptest::collection::vec(any::<u8>(), 0..3000),
+            crc: u32, src_at in 0usize..64, dst_at in 0usize..64,
+        ) {
             let src = &data[src_at.min(data.len())..];
             let mut dst = vec![0xa5u8; src.len() + 128];
             // SAFETY: `dst[dst_at..]` has room for `src.len()` bytes and is a separate vector.

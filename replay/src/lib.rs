@@ -77,11 +77,12 @@
 //! (one pass with AVX-512 + VPCLMULQDQ when the CPU has them, see `crc`); payloads of 32 KiB or
 //! more are copied with streaming stores, which write the destination's cache lines without
 //! reading them first. Readers hand out payloads zero-copy from their mapping after checking
-//! the CRC (the same fold, prefetching 8 KiB ahead). A running log touches no new page: every
-//! consumed segment file is recycled (within `max_segments`), the helper thread prepares the
-//! next segment from one as soon as one is available (rename, directory fsync, re-fault of
-//! pages written back: the re-fault takes about 0.3 ms), and readers keep their mapping of each file (by inode)
-//! and reuse it when the file comes back as a later segment. A new file costs 10-30 ms of
+//! the CRC (the same fold, prefetching 8 KiB ahead, inside large records and past small
+//! ones). A running log touches no new page: every consumed segment file is recycled (within
+//! `max_segments`), the helper thread prepares the next segment from one as soon as one is
+//! available (rename, directory fsync, re-fault of pages written back: the re-fault takes
+//! about 0.3 ms), and readers keep their mapping of each file (by inode) and reuse it when
+//! the file comes back as a later segment. A new file costs 10-30 ms of
 //! kernel work per 64 MiB on a quiet machine (allocating and zeroing page-cache pages over
 //! ext4's unwritten extents), 0.5 s with two processes streaming through memory beside it:
 //! a fresh log pays that for its first segments, a running one only until its directory
@@ -92,46 +93,49 @@
 //! the helper, retention and publishing are a few percent of CPU, though publishing the
 //! consumed position (two fsyncs) waits 5-300 ms per 512 MiB depending on the machine's other
 //! I/O. At 4 KiB, per-record work (header CRCs, the doorbell's locked increment, which waits
-//! for the payload's stores to drain, the reader's bookkeeping) adds about 100 ns a record on
+//! for the payload's stores to drain, the reader's bookkeeping) adds 50-100 ns a record on
 //! each side. The kernels alone (bench case `kernels`, one thread, same run as a memcpy of
 //! the same records at 38 GB/s; 256 KiB): CRC of a hot record 64 GB/s, of records coming from
 //! memory 42 (34 before the prefetch), copy + CRC into a 64 MiB buffer 27.5 with normal stores,
 //! 41 with streaming stores. At 4 KiB (memcpy 26): 23, 24.5 and 17 (hence normal stores there).
 //!
-//! `REPLAY_BENCH_MB=512 cargo bench -p cascade-replay --bench replay` on the 2-core AMD EPYC
-//! (Zen 5) KVM guest this was developed on, ext4 on virtio, kernel 6.18, 64 MiB segments, with
-//! another agent's builds on the machine. Runs of this code and of the code before the
-//! streaming stores, prefetch, full recycling and mapping reuse (commit ddcf3b5), alternating,
-//! load average 1.4-1.8 during the pair shown; GB/s and ratio to memcpy into a reused buffer
-//! (in the same run), medians of 5 interleaved runs:
+//! `REPLAY_BENCH_MB=512 cargo bench -p cascade-replay --bench replay` (cases `serial,fresh,
+//! pipelined,latency`) on the 2-core AMD EPYC (Zen 5) KVM guest this was developed on, ext4 on
+//! virtio, kernel 6.18, 64 MiB segments, another agent's work on the machine (load average
+//! 1.1-1.3 throughout). Three runs of this code alternating with three of the code before the
+//! streaming stores, prefetches, full recycling and mapping reuse (commit ddcf3b5); per cell
+//! the median of the three runs' figures (each the median of 5 interleaved runs), GB/s, and
+//! the three runs' ratios to memcpy into a reused buffer in the same run:
 //!
-//! | record | serial, running log | without publishing | fresh log | two processes | memcpy reused |
-//! |---|---|---|---|---|---|
-//! | 4 KiB, before | 3.27 (0.18×) | 8.25 (0.46×) | 0.53 | 5.88 (0.23×) | 18.0 / 25.2 |
-//! | 4 KiB, now | 6.87 (0.28×) | 9.25 (0.37×) | 1.02 | 5.34 (0.21×) | 24.8 / 25.1 |
-//! | 256 KiB, before | 10.74 (0.27×) | 12.46 (0.31×) | 6.09 | 8.32 (0.24×) | 40.4 / 35.1 |
-//! | 256 KiB, now | 15.75 (0.46×) | 18.18 (0.53×) | 8.78 | 19.19 (0.50×) | 34.5 / 38.2 |
+//! | record | serial, running log | without publishing | fresh log | two processes |
+//! |---|---|---|---|---|
+//! | 4 KiB, before | 8.13 (0.29-0.32×) | 8.84 (0.31-0.35×) | 5.53 | 3.64 (0.10-0.25×) |
+//! | 4 KiB, now | 8.97 (0.33-0.35×) | 9.85 (0.37-0.38×) | 5.38 | 14.50 (0.49-0.57×) |
+//! | 256 KiB, before | 12.55 (0.35-0.41×) | 14.59 (0.40-0.47×) | 6.18 | 8.11 (0.13-0.25×) |
+//! | 256 KiB, now | 16.17 (0.41-0.51×) | 18.28 (0.47-0.57×) | 8.38 | 18.82 (0.49-0.87×) |
 //!
-//! (memcpy: the serial case's run / the two-process case's run.) Cross-process latency
-//! (append → `poll` returns, doorbell wake-up), same runs: median 10.4 µs, p99 38 µs, before
-//! and now. The two later pairs, with the load average rising to 2-2.7, scatter widely for
-//! both versions (two processes, 256 KiB: 2.8-4.3 GB/s before, 3.7-6.1 now; serial without
-//! publishing 10.3-14.2 before, 17.2-18.4 now; latency p99 0.2-1.8 ms): on two cores, a third
-//! busy process takes a core from the writer, its helper or the reader.
+//! memcpy into the reused buffer in those runs: 4 KiB 23-27 GB/s, 256 KiB 30-41 (21 in the run
+//! whose two-process ratio is 0.87). Cross-process latency (append → `poll` returns, doorbell
+//! wake-up): median 9.7 µs, p99 37 µs now (9.6-9.9 and 31-38 over the three runs); before:
+//! median 10.1 µs, p99 31 µs (9.5-13.9 and 29-65). Earlier the same day, with the load average
+//! rising to 2-2.7, both versions scattered widely (two processes, 256 KiB: 2.8-4.3 GB/s
+//! before, 3.7-6.1 now; latency p99 up to 1-2 ms): on two cores a third busy process takes a
+//! core from the writer, its helper or the reader.
 //!
 //! How to read the columns. "Serial": writer and reader in one thread, appending 8 MiB then
 //! polling it, so its time is the sum of the two passes; each pass alone runs at about
 //! memcpy speed (256 KiB: append 37-38 GB/s, poll 36-37, `REPLAY_BENCH_VERBOSE`; memcpy into
 //! the reused buffer scatters from 22 to 40 GB/s between runs), so this setup cannot go much
-//! past 0.5×. "Without publishing": the same less the time the
-//! reader spent publishing its consumed position every 64 MiB (a learner publishes after its
-//! snapshots). "Two processes": how actors and the learner run, a writer process and a reader
-//! process concurrently, from the first `append` to the last record returned by `poll` and
+//! past 0.5×. "Without publishing": the same less the time the reader spent publishing its
+//! consumed position every 64 MiB (a learner publishes after its snapshots). "Two
+//! processes": how actors and the learner run, a writer process and a reader process
+//! concurrently, from the first `append` to the last record returned by `poll` and
 //! CRC-checked, publishing included; on this 2-core guest the writer, its helper and the
 //! reader share two cores. "Fresh log": a new directory per run, mostly new files.
-//! The issue's goal, 0.5× memcpy at 256 KiB, is reached by the two-process figure and the
-//! serial figure without publishing in that quiet pair, and missed whenever the machine is
-//! busy; the median latency is well under its 50 µs.
+//! The issue's goal, 0.5× memcpy at 256 KiB: the two-process figure reaches it (0.49-0.87×)
+//! at this load, the serial one without publishing in two runs of three (0.47-0.57×), the
+//! serial one with publishing every 64 MiB not quite (0.41-0.51×); none does on a busier
+//! machine. The median latency is well under its 50 µs.
 #![warn(missing_docs)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
