@@ -10,7 +10,9 @@
 //!    Retention unlinks whole files or renames them for recycling; both leave existing
 //!    mappings valid.
 //! 3. **Publish last.** A record's bytes are written first; its `len` word is stored last with
-//!    `Release` ordering and read with `Acquire`. Bytes of a record whose `len` was seen
+//!    `Release` ordering and read with `Acquire` (a payload copied with streaming stores, which
+//!    `Release` does not order on x86, ends with a store fence first, see
+//!    `crc::crc32c_append_copy_nt`). Bytes of a record whose `len` was seen
 //!    non-zero are not written again while the file is that segment (crash recovery only
 //!    zeroes bytes after the last CRC-valid record, which were never handed out).
 //! 4. **Recycling changes the index first.** A segment's file is reused for a later segment

@@ -216,6 +216,70 @@ fn stale_records_of_a_recycled_active_segment_are_never_resurrected() {
     assert!(reader.corruptions().is_empty());
 }
 
+/// A reader keeps its mapping of a segment file and reuses it when the file comes back as a
+/// later segment: damage in the new life is still reported under the segment's current file
+/// name (not the one the reader first mapped the file under), and skipped.
+#[test]
+fn damage_in_a_recycled_segment_is_reported_under_its_current_name() {
+    use std::os::unix::fs::FileExt;
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("actor-6");
+    let mut w = ReplayWriter::open(&dir, opts(16 << 10, 3)).unwrap();
+    let mut reader = ReplayReader::open(root.path(), ReaderOptions::default(), None).unwrap();
+    let mut inodes = Inodes::default();
+    let mut seq = 0;
+    roll_until_the_active_segment_is_recycled(
+        &mut w,
+        &mut reader,
+        &mut inodes,
+        &dir,
+        6,
+        1000,
+        &mut seq,
+    );
+    // The reader has read into the recycled active segment (through its earlier mapping).
+    let mut next = reader.cursors().actors["actor-6"].next_seq;
+    while next < seq {
+        for r in reader.poll(Duration::from_millis(1)).unwrap() {
+            assert_eq!(r.seq, next);
+            check(6, &r);
+            next += 1;
+        }
+    }
+    let active = w_index(&dir);
+    let path = dir.join(cascade_replay::segment_file_name(active));
+    let bad = payload(6, seq, 1000);
+    w.append(meta(seq), &bad).unwrap();
+    w.append(meta(seq + 1), &payload(6, seq + 1, 1000)).unwrap();
+    assert_eq!(
+        w_index(&dir),
+        active,
+        "the test needs both records in this segment"
+    );
+    // Flip a byte of the first one's payload.
+    let bytes = std::fs::read(&path).unwrap();
+    let at = bytes
+        .windows(bad.len())
+        .position(|b| b == &bad[..])
+        .expect("payload in the file");
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    file.write_at(&[bytes[at + 100] ^ 0x10], (at + 100) as u64)
+        .unwrap();
+    let mut got = Vec::new();
+    for _ in 0..100 {
+        got.extend(reader.poll(Duration::from_millis(5)).unwrap());
+        if !got.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(got.iter().map(|r| r.seq).collect::<Vec<_>>(), [seq + 1]);
+    check(6, &got[0]);
+    let damage = reader.corruptions();
+    assert_eq!(damage.len(), 1, "{damage:?}");
+    assert_eq!(damage[0].path, path, "{damage:?}");
+    assert_eq!(damage[0].reason, "CRC mismatch");
+}
+
 fn w_index(dir: &Path) -> u64 {
     list_segments(dir).unwrap().last().unwrap().0
 }
