@@ -13,7 +13,9 @@
 //! Last run (segment format v2, with the reader's mapping reuse and the streaming-store
 //! writer, 2026-12-03, empty starting corpus, nightly + cargo-fuzz 0.13.2, machine shared with
 //! another build): 901 s, 618 605 executions (686/s on average), no crash, no panic; the
-//! corpus grew to 141 inputs (24 KB), coverage 1558 edges.
+//! corpus grew to 141 inputs (24 KB), coverage 1558 edges. Then, with the reader's prefetch
+//! past small records, 301 s more from that corpus: 189 546 executions, no crash, coverage
+//! 1580 edges, corpus 133 inputs (24 KB).
 #![no_main]
 
 #[path = "../../tests/fuzz_check/mod.rs"]
