@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs on the GPU host (no Rust, no network) with what scripts/build-gpu.sh packed into DIR:
-# the CUDA test binaries, the GPU sampler benchmark and the GPU engine benchmark. Writes
-# results.md and logs under $OUT.
+# the CUDA test binaries, the GPU sampler and engine benchmarks, then a short `cascade run`
+# (the tiny default, 3 steps a stage) with learner and actor on cuda:0. Writes results.md,
+# gpu-check.log and logs.tar.gz (every step's log and table) under $OUT: the device tool
+# brings back at most 8 files.
 # Budget: under 8 minutes. Usage: bash scripts/gpu-check.sh .gpu
 set -uo pipefail
 
@@ -10,6 +12,8 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${OUT:-$REPO/gpu-out}
 mkdir -p "$OUT"
 WORK=$(mktemp -d)
+LOGS=$WORK/logs
+mkdir -p "$LOGS"
 RESULTS=$OUT/results.md
 exec > >(tee "$OUT/gpu-check.log") 2>&1
 
@@ -33,9 +37,9 @@ step() {  # step NAME TIMEOUT_S DIR CMD...
   local name=$1 limit=$2 dir=$3; shift 3
   local t0=$SECONDS rc
   echo "== $name"
-  (cd "$REPO/$dir" && timeout "$limit" "$@") > "$OUT/$name.log" 2>&1
+  (cd "$REPO/$dir" && timeout "$limit" "$@") > "$LOGS/$name.log" 2>&1
   rc=$?
-  tail -n 40 "$OUT/$name.log"
+  tail -n 40 "$LOGS/$name.log"
   local verdict=ok
   [ $rc -eq 0 ] || { verdict="FAILED (rc $rc)"; FAILED=1; }
   echo "| $name | $verdict | $((SECONDS - t0)) |" >> "$RESULTS"
@@ -50,21 +54,36 @@ while IFS=$'\t' read -r name crate; do
   step "$name" 240 "$crate" "$WORK/$name" --test-threads=1
 done < "$DIR/tests.list"
 
-# GPU sampler benchmark (an ignored test in sampler_cuda): table into $OUT/sampler_gpu.md.
+# GPU sampler benchmark (an ignored test in sampler_cuda): its table goes into results.md.
 if [ -x "$WORK/sampler_cuda" ]; then
-  export SAMPLER_BENCH_OUT=$OUT/sampler_gpu.md
+  export SAMPLER_BENCH_OUT=$LOGS/sampler_gpu.md
   step sampler-gpu-bench 180 actor "$WORK/sampler_cuda" --ignored --exact gpu_sampler_benchmark --nocapture
-  [ -f "$OUT/sampler_gpu.md" ] && { echo; cat "$OUT/sampler_gpu.md"; } >> "$RESULTS"
+  [ -f "$LOGS/sampler_gpu.md" ] && { echo; cat "$LOGS/sampler_gpu.md"; } >> "$RESULTS"
 fi
 
 # GPU engine benchmark (an ignored test in engine_cuda): decode tokens/s with the CUDA
-# sampler against host sampling, into $OUT/engine_gpu.md.
+# sampler against host sampling; its table goes into results.md.
 if [ -x "$WORK/engine_cuda" ]; then
-  export ENGINE_BENCH_OUT=$OUT/engine_gpu.md
+  export ENGINE_BENCH_OUT=$LOGS/engine_gpu.md
   step engine-gpu-bench 240 actor "$WORK/engine_cuda" --ignored --exact gpu_engine_benchmark --nocapture
-  [ -f "$OUT/engine_gpu.md" ] && { echo; cat "$OUT/engine_gpu.md"; } >> "$RESULTS"
+  [ -f "$LOGS/engine_gpu.md" ] && { echo; cat "$LOGS/engine_gpu.md"; } >> "$RESULTS"
+fi
+
+# The whole cascade on the GPU, short: the embedded tiny default with 3 steps a stage, learner
+# and actor on cuda:0 (bf16), held-out table and report included. About 2 minutes on 2 CPU cores.
+SHORT=(--set reward_model.steps=5 --set eval.max_prompts=8 --set eval.samples=1
+       --set stages.sft1.warmup_steps=1 --set "stages.math.curriculum_steps=[2]")
+for stage in sft1 sft2 rlhf if math code swe; do SHORT+=(--set "stages.$stage.steps=3"); done
+step cascade-run-cuda 300 . "$WORK/cascade" run --run-dir "$WORK/run" \
+  --learner-device cuda:0 --actor-devices cuda:0 "${SHORT[@]}"
+if [ -f "$WORK/run/heldout.json" ]; then
+  { echo; echo "cascade run on cuda:0 (3 steps a stage), held-out table:"; echo '```';
+    sed -n '/^after stage/,/^held-out evaluation/p' "$LOGS/cascade-run-cuda.log"; echo '```'; } >> "$RESULTS"
+  cp "$WORK/run/heldout.json" "$LOGS/"
+  cp -r "$WORK/run/logs" "$LOGS/run-logs" 2>/dev/null || true
 fi
 
 echo; cat "$RESULTS"
+tar czf "$OUT/logs.tar.gz" -C "$WORK" logs
 rm -rf "$WORK"
 exit $FAILED

@@ -19,7 +19,11 @@ pub fn parse_device(spec: &str) -> Result<Device, String> {
             "device `{spec}`: this build has no CUDA support (rebuild with `--features cuda`)"
         ));
     }
-    Device::new_cuda(index).map_err(|e| format!("device `{spec}`: {e}"))
+    Device::new_cuda(index).map_err(|e| {
+        // candle appends a backtrace on the following lines; the first line says what failed.
+        let e = e.to_string();
+        format!("device `{spec}`: {}", e.lines().next().unwrap_or_default())
+    })
 }
 
 #[cfg(test)]
