@@ -70,16 +70,16 @@ impl Log {
     fn new() -> Log {
         let root = tempfile::tempdir().unwrap();
         let w = ReplayWriter::open(root.path().join("actor-0"), opts()).unwrap();
-        let r = ReplayReader::open(
-            root.path(),
-            ReaderOptions {
-                max_batch: 1 << 20,
-                ..Default::default()
-            },
-            None,
-        )
-        .unwrap();
+        let r = ReplayReader::open(root.path(), reader_opts(), None).unwrap();
         Log { _root: root, w, r }
+    }
+}
+
+/// The bench's reader: batches of up to 1 MiB records.
+fn reader_opts() -> ReaderOptions {
+    ReaderOptions {
+        max_batch: 1 << 20,
+        ..Default::default()
     }
 }
 
@@ -334,15 +334,7 @@ fn pipelined(
     let warm = 16 * SEGMENT / size;
     // Create the directory (and doorbell) first so the reader finds it at once.
     drop(ReplayWriter::open(&dir, opts()).unwrap());
-    let mut r = ReplayReader::open(
-        root.path(),
-        ReaderOptions {
-            max_batch: 1 << 20,
-            ..Default::default()
-        },
-        None,
-    )
-    .unwrap();
+    let mut r = ReplayReader::open(root.path(), reader_opts(), None).unwrap();
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--pipeline-writer",

@@ -316,37 +316,28 @@ mod tests {
         ((r as u32).reverse_bits() as u64) << 1
     }
 
+    /// A CRC + copy function: `crc32c_append_copy` or its streaming-store twin.
+    type CopyFn = unsafe fn(u32, &[u8], *mut u8) -> u32;
+
     proptest! {
-        /// The one-pass CRC + copy gives the `crc32c` crate's CRC and an exact copy, at every
-        /// length around the folding path's steps and at unaligned source and destination.
+        /// The one-pass CRC + copy, with normal and with streaming stores, gives the `crc32c`
+        /// crate's CRC and an exact copy (the unaligned head, the folded or streamed blocks and
+        /// the tail land exactly where they belong), at every length around the folding path's
+        /// steps and at unaligned source and destination.
         #[test]
         fn crc_and_copy_in_one_pass(data in proptest::collection::vec(any::<u8>(), 0..3000),
                                     crc: u32, src_at in 0usize..64, dst_at in 0usize..64) {
             let src = &data[src_at.min(data.len())..];
-            let mut dst = vec![0xa5u8; src.len() + 128];
-            // SAFETY: `dst[dst_at..]` has room for `src.len()` bytes and is a separate vector.
-            let got = unsafe { crc32c_append_copy(crc, src, dst.as_mut_ptr().add(dst_at)) };
-            prop_assert_eq!(got, crc32c::crc32c_append(crc, src));
-            prop_assert_eq!(&dst[dst_at..dst_at + src.len()], src);
-            prop_assert!(dst[..dst_at].iter().all(|&b| b == 0xa5));
-            prop_assert!(dst[dst_at + src.len()..].iter().all(|&b| b == 0xa5));
-        }
-
-        /// The same with streaming stores: the unaligned head, the streamed blocks and the tail
-        /// land exactly where they belong, whatever the destination's alignment.
-        #[test]
-        fn crc_and_streaming_copy_in_one_pass(
-            data in proptest::collection::vec(any::<u8>(), 0..3000),
-            crc: u32, src_at in 0usize..64, dst_at in 0usize..64,
-        ) {
-            let src = &data[src_at.min(data.len())..];
-            let mut dst = vec![0xa5u8; src.len() + 128];
-            // SAFETY: `dst[dst_at..]` has room for `src.len()` bytes and is a separate vector.
-            let got = unsafe { crc32c_append_copy_nt(crc, src, dst.as_mut_ptr().add(dst_at)) };
-            prop_assert_eq!(got, crc32c::crc32c_append(crc, src));
-            prop_assert_eq!(&dst[dst_at..dst_at + src.len()], src);
-            prop_assert!(dst[..dst_at].iter().all(|&b| b == 0xa5));
-            prop_assert!(dst[dst_at + src.len()..].iter().all(|&b| b == 0xa5));
+            let copies: [CopyFn; 2] = [crc32c_append_copy, crc32c_append_copy_nt];
+            for copy in copies {
+                let mut dst = vec![0xa5u8; src.len() + 128];
+                // SAFETY: `dst[dst_at..]` has room for `src.len()` bytes and is a separate vector.
+                let got = unsafe { copy(crc, src, dst.as_mut_ptr().add(dst_at)) };
+                prop_assert_eq!(got, crc32c::crc32c_append(crc, src));
+                prop_assert_eq!(&dst[dst_at..dst_at + src.len()], src);
+                prop_assert!(dst[..dst_at].iter().all(|&b| b == 0xa5));
+                prop_assert!(dst[dst_at + src.len()..].iter().all(|&b| b == 0xa5));
+            }
         }
     }
 
