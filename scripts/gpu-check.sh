@@ -4,7 +4,10 @@
 # (the tiny default, 3 steps a stage) with learner and actor on cuda:0. Writes results.md,
 # gpu-check.log and logs.tar.gz (every step's log and table) under $OUT: the device tool
 # brings back at most 8 files.
-# Budget: under 8 minutes. Usage: bash scripts/gpu-check.sh .gpu
+# Budget: under 8 minutes (GPU_CHECK_BUDGET_S, default 450 s, caps every step's timeout: a step
+# that would start past it is skipped and reported; logs.tar.gz is refreshed after each step,
+# so what ran comes back even if the device tool stops the script).
+# Usage: bash scripts/gpu-check.sh .gpu
 set -uo pipefail
 
 DIR=$(cd "${1:-.gpu}" && pwd)
@@ -33,16 +36,25 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>/dev/null
   echo "|---|---|---|"
 } > "$RESULTS"
 FAILED=0
+DEADLINE=$((SECONDS + ${GPU_CHECK_BUDGET_S:-450}))
 step() {  # step NAME TIMEOUT_S DIR CMD...
   local name=$1 limit=$2 dir=$3; shift 3
-  local t0=$SECONDS rc
-  echo "== $name"
+  local t0=$SECONDS rc left=$((DEADLINE - SECONDS))
+  if [ "$left" -lt 15 ]; then
+    echo "== $name: skipped (time budget spent)"
+    echo "| $name | SKIPPED (time budget) | 0 |" >> "$RESULTS"
+    FAILED=1
+    return
+  fi
+  [ "$limit" -le "$left" ] || limit=$left
+  echo "== $name (timeout ${limit}s)"
   (cd "$REPO/$dir" && timeout "$limit" "$@") > "$LOGS/$name.log" 2>&1
   rc=$?
   tail -n 40 "$LOGS/$name.log"
   local verdict=ok
   [ $rc -eq 0 ] || { verdict="FAILED (rc $rc)"; FAILED=1; }
   echo "| $name | $verdict | $((SECONDS - t0)) |" >> "$RESULTS"
+  tar czf "$OUT/logs.tar.gz" -C "$WORK" logs 2>/dev/null || true
 }
 
 gunzip -c "$DIR/cascade.gz" > "$WORK/cascade" && chmod +x "$WORK/cascade"

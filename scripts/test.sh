@@ -10,5 +10,14 @@ export LD_LIBRARY_PATH="$NVRTC_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export CASCADE_REQUIRE_NVRTC=1
 # The code sandbox runs model-generated Python with python3.
 command -v python3 >/dev/null || { echo "python3 is required by the code-sandbox tests" >&2; exit 1; }
+# The CUDA sampler kernels also run on the CPU under a small C++20 emulation
+# (actor/tests/sampler_kernel_emulated.rs), built with $CXX or c++.
+if ! command -v "${CXX:-c++}" >/dev/null; then
+  SUDO=""
+  [ "$(id -u)" = 0 ] || SUDO="sudo -n"
+  echo "installing g++ (C++ compiler for the kernel emulation test)" >&2
+  { $SUDO apt-get update && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y g++; } >&2 ||
+    { echo "no C++ compiler and apt-get install g++ failed" >&2; exit 1; }
+fi
 cargo test --workspace "$@"
 cargo test -p cascade-actor --features cuda-kernels --test ptx "$@"

@@ -16,8 +16,8 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions, Ptx};
 
 use super::error::{Result, SamplerError};
 use super::kernels::{NVRTC_OPTIONS, SAMPLER_CU, THREADS};
+use super::launch::{flat_keys, philox_kat_input, KernelArgs};
 use super::params::{SampleKey, Sampled, SamplingParams};
-use super::weights::MAX_VOCAB;
 use super::Sampler;
 
 /// Whether the CUDA driver library (`libcuda.so`) can be loaded.
@@ -123,11 +123,7 @@ impl CudaSampler {
 
     /// Copies sample keys to the device, 3 × u64 per row (seed, stream, position).
     pub fn upload_keys(&self, keys: &[SampleKey]) -> Result<CudaSlice<u64>> {
-        let flat: Vec<u64> = keys
-            .iter()
-            .flat_map(|k| [k.seed, k.stream, k.position])
-            .collect();
-        Ok(self.stream.clone_htod(&flat)?)
+        Ok(self.stream.clone_htod(&flat_keys(keys))?)
     }
 
     /// Enqueues the sampler on the stream without waiting: `tokens[r]` and `logprobs[r]` get
@@ -142,10 +138,7 @@ impl CudaSampler {
         tokens: &mut CudaSlice<u32>,
         logprobs: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        params.validate()?;
-        if vocab == 0 || vocab > MAX_VOCAB {
-            return Err(SamplerError::Vocab(vocab));
-        }
+        let args = KernelArgs::new(params, vocab)?;
         let rows = keys.len() / 3;
         if logits.len() != rows * vocab || rows * 3 != keys.len() {
             return Err(SamplerError::Shape {
@@ -164,17 +157,6 @@ impl CudaSampler {
         if rows == 0 {
             return Ok(());
         }
-        let inv_t = 1.0 / params.temperature;
-        let greedy = params.is_greedy() || !inv_t.is_finite();
-        let (temperature, inv_t) = if greedy {
-            (1.0f32, 1.0f32)
-        } else {
-            (params.temperature, inv_t)
-        };
-        let greedy = i32::from(greedy);
-        let vocab_u32 = vocab as u32;
-        let top_k = params.effective_top_k(vocab).unwrap_or(0) as u32;
-        let top_p = params.effective_top_p().unwrap_or(1.0);
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, 1, 1),
             block_dim: (THREADS, 1, 1),
@@ -183,12 +165,12 @@ impl CudaSampler {
         let mut launch = self.stream.launch_builder(&self.sample_rows);
         launch
             .arg(logits)
-            .arg(&vocab_u32)
-            .arg(&temperature)
-            .arg(&inv_t)
-            .arg(&greedy)
-            .arg(&top_k)
-            .arg(&top_p)
+            .arg(&args.vocab)
+            .arg(&args.temperature)
+            .arg(&args.inv_t)
+            .arg(&args.greedy)
+            .arg(&args.top_k)
+            .arg(&args.top_p)
             .arg(keys)
             .arg(tokens)
             .arg(logprobs);
@@ -232,14 +214,7 @@ impl CudaSampler {
     /// Word 0 of Philox4x32-10 computed on the device for each key (checks the device RNG
     /// against [`super::philox::uniform_bits`]).
     pub fn philox_bits(&self, keys: &[SampleKey]) -> Result<Vec<u32>> {
-        let flat: Vec<u32> = keys
-            .iter()
-            .flat_map(|k| {
-                let (c, key) = super::philox::counter_and_key(k);
-                [c[0], c[1], c[2], c[3], key[0], key[1]]
-            })
-            .collect();
-        let input = self.stream.clone_htod(&flat)?;
+        let input = self.stream.clone_htod(&philox_kat_input(keys))?;
         let mut out = self.stream.alloc_zeros::<u32>(keys.len())?;
         let n = keys.len() as i32;
         let mut launch = self.stream.launch_builder(&self.philox_kat);

@@ -10,6 +10,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod error;
 pub mod kernels;
+pub mod launch;
 pub mod params;
 pub mod philox;
 pub mod select;

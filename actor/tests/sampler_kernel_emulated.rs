@@ -1,0 +1,319 @@
+//! The CUDA sampler kernels (`src/sampler/kernels/sampler.cu`), compiled unchanged as C++ and run
+//! on the CPU by a small CUDA emulation (`tests/cuda_emu/`: every CUDA thread an OS thread,
+//! `__syncthreads` a barrier, warp shuffles through an exchange buffer, shared memory poisoned
+//! before each block), against the CPU reference on the same keys. GPU checks need a lent machine
+//! (`tests/sampler_cuda.rs`, run by `scripts/gpu-check.sh`); this one runs everywhere with a C++20
+//! compiler and catches errors in the kernels' logic (thresholds, ties, masked tokens, the block
+//! scan of the draw, the non-finite rows) before they reach a GPU. It does not check what only
+//! the hardware decides: the NVRTC build of the device code, memory coalescing, speed.
+//!
+//! The launch arguments come from `sampler::launch::KernelArgs`, which the CUDA sampler passes.
+//! The compiler is `$CXX` or `c++`. Set `CASCADE_EMU_ALL=1` to check every recorded draw
+//! instead of a subset (about 15 minutes on 2 cores).
+
+mod golden;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use cascade_actor::sampler::kernels::THREADS;
+use cascade_actor::sampler::launch::{flat_keys, philox_kat_input, KernelArgs};
+use cascade_actor::sampler::philox::uniform_bits;
+use cascade_actor::sampler::{sample_batch, sample_cpu, SampleKey, SamplerError, SamplingParams};
+
+const KERNEL: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/src/sampler/kernels/sampler.cu"
+);
+const EMU_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/cuda_emu");
+
+/// Builds the emulation binary once per test process.
+fn runner() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cuda_emu");
+        std::fs::create_dir_all(&dir).unwrap();
+        let bin = dir.join("run_kernel");
+        let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+        let out = Command::new(&cxx)
+            .args([
+                "-std=c++20",
+                "-O2",
+                "-ffp-contract=off",
+                "-fno-fast-math",
+                "-pthread",
+            ])
+            .args(["-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas"])
+            .arg("-include")
+            .arg(Path::new(EMU_DIR).join("cuda_emu.h"))
+            .arg(format!("-DKERNEL_SOURCE=\"{KERNEL}\""))
+            .arg(Path::new(EMU_DIR).join("run_kernel.cpp"))
+            .arg("-o")
+            .arg(&bin)
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("cannot run the C++ compiler {cxx:?} ({e}); install g++ (C++20)")
+            });
+        assert!(
+            out.status.success(),
+            "the kernel does not build under the CPU emulation:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        bin
+    })
+}
+
+fn run(mode: &str, input: &[u8], tag: &str) -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    let (inp, outp) = (dir.path().join("in"), dir.path().join("out"));
+    std::fs::write(&inp, input).unwrap();
+    let out = Command::new(runner())
+        .args([mode.as_ref(), inp.as_os_str(), outp.as_os_str()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{tag}: emulated kernel failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::read(&outp).unwrap()
+}
+
+/// `sample_rows` over `rows` rows, launched as the CUDA sampler launches it: (token, log-prob)
+/// per row, token `u32::MAX` for a refused row.
+fn emulated(
+    logits: &[f32],
+    vocab: usize,
+    params: &SamplingParams,
+    keys: &[SampleKey],
+) -> Vec<(u32, f32)> {
+    let args = KernelArgs::new(params, vocab).unwrap();
+    assert_eq!(logits.len(), keys.len() * vocab);
+    let mut input = Vec::with_capacity(32 + logits.len() * 4 + keys.len() * 24);
+    input.extend(args.vocab.to_le_bytes());
+    input.extend((keys.len() as u32).to_le_bytes());
+    input.extend(args.temperature.to_le_bytes());
+    input.extend(args.inv_t.to_le_bytes());
+    input.extend(args.greedy.to_le_bytes());
+    input.extend(args.top_k.to_le_bytes());
+    input.extend(args.top_p.to_le_bytes());
+    input.extend(THREADS.to_le_bytes());
+    input.extend(logits.iter().flat_map(|x| x.to_le_bytes()));
+    input.extend(flat_keys(keys).iter().flat_map(|x| x.to_le_bytes()));
+    let out = run("sample", &input, &format!("{params:?}"));
+    let rows = keys.len();
+    assert_eq!(out.len(), rows * 8);
+    let word = |i: usize| u32::from_le_bytes(out[4 * i..4 * i + 4].try_into().unwrap());
+    (0..rows)
+        .map(|r| (word(r), f32::from_bits(word(rows + r))))
+        .collect()
+}
+
+/// Log-probs: the CPU sums `exp` in another order than the kernel's tree, in f64.
+const LOGPROB_TOL: f64 = 1e-5;
+
+#[test]
+fn kernel_reproduces_the_recorded_draws() {
+    let all = std::env::var("CASCADE_EMU_ALL").is_ok_and(|v| v == "1");
+    let records = golden::records();
+    let settings = golden::settings();
+    let (mut checked, mut worst) = (0usize, 0f64);
+    for (c, case) in golden::CASES.iter().enumerate() {
+        // A subset by default: 2 rows of each large-vocabulary case, 12 of the others.
+        let rows = if all {
+            case.rows
+        } else if case.vocab > 10_000 {
+            2
+        } else {
+            case.rows.min(12)
+        };
+        let logits = &case.logits()[..rows * case.vocab];
+        let keys: Vec<SampleKey> = (0..rows).map(|r| case.key(r)).collect();
+        for (name, params) in &settings {
+            let got = emulated(logits, case.vocab, params, &keys);
+            for (r, &(token, logprob)) in got.iter().enumerate() {
+                let want = records
+                    .iter()
+                    .find(|x| x.case == c && x.setting == *name && x.row == r)
+                    .unwrap_or_else(|| panic!("no record for case {c} {name} row {r}"));
+                assert_eq!(
+                    token, want.token,
+                    "case {c} ({case:?}) {name} row {r}: kernel draws {token}, recorded {}",
+                    want.token
+                );
+                let d = (f64::from(logprob) - want.logprob).abs();
+                assert!(
+                    d <= LOGPROB_TOL * want.logprob.abs().max(1.0),
+                    "case {c} {name} row {r}: log-prob {logprob} vs recorded {}",
+                    want.logprob
+                );
+                worst = worst.max(d);
+                checked += 1;
+            }
+        }
+    }
+    eprintln!(
+        "emulated kernel: {checked} recorded draws reproduced, worst log-prob diff {worst:e}"
+    );
+    assert!(checked >= if all { records.len() } else { 400 });
+}
+
+fn gaussian_logits(n: usize, std: f32, seed: u64) -> Vec<f32> {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| {
+            let u1: f64 = rng.random::<f64>().max(1e-300);
+            let u2: f64 = rng.random();
+            ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32 * std
+        })
+        .collect()
+}
+
+/// Compares the kernel with `sample_batch` on one batch of finite rows.
+fn assert_same_as_cpu(
+    logits: &[f32],
+    vocab: usize,
+    params: &SamplingParams,
+    keys: &[SampleKey],
+    tag: &str,
+) {
+    let cpu = sample_batch(logits, vocab, params, keys).unwrap();
+    let dev = emulated(logits, vocab, params, keys);
+    for (r, (a, &(token, logprob))) in cpu.iter().zip(&dev).enumerate() {
+        assert_eq!(
+            a.token, token,
+            "{tag} {params:?} row {r}: CPU {} kernel {token}",
+            a.token
+        );
+        let d = (f64::from(a.logprob) - f64::from(logprob)).abs();
+        assert!(
+            d <= LOGPROB_TOL * f64::from(a.logprob.abs()).max(1.0),
+            "{tag} {params:?} row {r}: log-prob CPU {} kernel {logprob}",
+            a.logprob
+        );
+    }
+}
+
+#[test]
+fn kernel_matches_cpu_on_edge_settings() {
+    let p = |temperature, top_k, top_p| SamplingParams {
+        temperature,
+        top_k,
+        top_p,
+    };
+    let vocab = 2000;
+    let rows = 6;
+    let keys: Vec<SampleKey> = (0..rows as u64)
+        .map(|r| SampleKey::for_sample(99, r / 2, 2, r % 2, 17 + r))
+        .collect();
+    let mut logits = gaussian_logits(rows * vocab, 2.0, 3);
+    for r in 0..rows {
+        logits[r * vocab + 3] = f32::NEG_INFINITY;
+        logits[r * vocab + 5] = logits[r * vocab + 6];
+        // -0.0 and +0.0 are the same logit (one order key).
+        logits[r * vocab + 7] = -0.0;
+        logits[r * vocab + 8] = 0.0;
+    }
+    // A row whose logits span more than exp's range (weights clamp at exp(-87)).
+    for (i, x) in logits[..vocab].iter_mut().enumerate() {
+        *x = if i % 2 == 0 { 60.0 } else { -60.0 } + (i % 13) as f32;
+    }
+    let settings = [
+        p(1.0, Some(vocab - 1), None),
+        p(1.0, Some(vocab), Some(0.999)),
+        p(0.8, None, Some(1e-6)),
+        p(1.0, Some(2), Some(0.3)),
+        p(1e-30, None, Some(0.9)), // 1 / T overflows: greedy
+        p(2.5, Some(7), None),
+    ];
+    for (i, params) in settings.iter().enumerate() {
+        assert_same_as_cpu(&logits, vocab, params, &keys, &format!("setting {i}"));
+    }
+    // A vocabulary of one, and one of 4097 (not a multiple of the block or its tiles).
+    let keys1: Vec<SampleKey> = keys[..2].to_vec();
+    assert_same_as_cpu(&[1.5, -2.0], 1, &p(1.0, None, Some(0.5)), &keys1, "vocab 1");
+    let odd = gaussian_logits(2 * 4097, 3.0, 4);
+    assert_same_as_cpu(
+        &odd,
+        4097,
+        &p(0.9, Some(100), Some(0.95)),
+        &keys1,
+        "vocab 4097",
+    );
+    // Rows tied everywhere: the draw is uniform over the kept ties.
+    let flat = vec![0.25f32; 2 * 3000];
+    assert_same_as_cpu(
+        &flat,
+        3000,
+        &p(1.0, Some(10), Some(0.5)),
+        &keys1,
+        "all tied",
+    );
+}
+
+#[test]
+fn kernel_matches_cpu_at_full_vocabulary() {
+    let vocab = 151_936;
+    let keys: Vec<SampleKey> = (0..2u64)
+        .map(|r| SampleKey::for_sample(7, 3, 8, r, 40))
+        .collect();
+    let logits = gaussian_logits(2 * vocab, 3.0, 11);
+    let params = SamplingParams {
+        temperature: 0.7,
+        top_k: Some(50),
+        top_p: Some(0.9),
+    };
+    assert_same_as_cpu(&logits, vocab, &params, &keys, "151936");
+    assert_same_as_cpu(&logits, vocab, &SamplingParams::plain(), &keys, "151936");
+}
+
+#[test]
+fn kernel_refuses_non_finite_rows_like_the_cpu() {
+    let vocab = 100;
+    let mut logits = vec![0.5f32; 4 * vocab];
+    logits[vocab + 50] = f32::NAN;
+    logits[2 * vocab + 99] = f32::INFINITY;
+    logits[3 * vocab..].fill(f32::NEG_INFINITY);
+    let keys: Vec<SampleKey> = (0..4u64)
+        .map(|r| SampleKey {
+            seed: 1,
+            stream: r,
+            position: 0,
+        })
+        .collect();
+    for params in [SamplingParams::plain(), SamplingParams::greedy()] {
+        let dev = emulated(&logits, vocab, &params, &keys);
+        let ok = sample_cpu(&logits[..vocab], &params, &keys[0]).unwrap();
+        assert_eq!(dev[0].0, ok.token);
+        for r in 1..4 {
+            assert_eq!(dev[r].0, u32::MAX, "{params:?} row {r}: not refused");
+            assert!(dev[r].1.is_nan());
+            let row = &logits[r * vocab..(r + 1) * vocab];
+            assert!(matches!(
+                sample_cpu(row, &params, &keys[r]),
+                Err(SamplerError::NonFinite { .. })
+            ));
+        }
+    }
+}
+
+#[test]
+fn kernel_philox_matches_host() {
+    let keys: Vec<SampleKey> = (0..3000u64)
+        .map(|i| SampleKey {
+            seed: i.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+            stream: i * 7,
+            position: i << 33 | i,
+        })
+        .collect();
+    let mut input = (keys.len() as u32).to_le_bytes().to_vec();
+    input.extend(philox_kat_input(&keys).iter().flat_map(|x| x.to_le_bytes()));
+    let out = run("philox", &input, "philox");
+    for (i, k) in keys.iter().enumerate() {
+        let got = u32::from_le_bytes(out[4 * i..4 * i + 4].try_into().unwrap());
+        assert_eq!(got, uniform_bits(k), "{k:?}");
+    }
+}
