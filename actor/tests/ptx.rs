@@ -6,7 +6,7 @@
 #![cfg(feature = "cuda-kernels")]
 
 use cascade_actor::sampler::cuda::{compile, nvrtc_available};
-use cascade_actor::sampler::kernels::SOURCES;
+use cascade_actor::sampler::kernels::{SOURCES, THREADS};
 use cascade_actor::sampler::SamplerError;
 
 fn nvrtc_or_skip() -> bool {
@@ -36,9 +36,16 @@ fn every_kernel_compiles_to_ptx() {
         assert!(text.contains(".version"), "{name}: not PTX");
         if name == "sampler.cu" {
             for entry in ["sample_rows", "philox_kat"] {
+                // Both run in blocks of 1024 threads: the launch bound must reach the PTX, so
+                // that the driver's ptxas keeps each thread within 64 registers.
+                let at = text
+                    .find(&format!(".entry {entry}("))
+                    .unwrap_or_else(|| panic!("{name}: no entry {entry}"));
+                let body = &text[at..];
+                let head = &body[..body.find('{').expect("entry body")];
                 assert!(
-                    text.contains(&format!(".entry {entry}")),
-                    "{name}: no entry {entry}"
+                    head.contains(&format!(".maxntid {THREADS}, 1, 1")),
+                    "{name}: {entry} has no launch bound of {THREADS} threads:\n{head}"
                 );
             }
         }

@@ -103,6 +103,7 @@ void launch(dim3 grid, dim3 block, Kernel kernel, Args... args) {
 #define blockDim (cuda_emu::block_dim)
 #define gridDim (cuda_emu::grid_dim)
 #define __global__
+#define __launch_bounds__(...)
 #define __device__
 #define __forceinline__ inline
 // Blocks run one at a time, so one static per __shared__ variable is the block's shared memory;

@@ -79,8 +79,9 @@ __device__ __forceinline__ unsigned int philox_word0(unsigned long long seed,
     return c0;
 }
 
-// Philox4x32-10 on a batch of counters, for the known-answer test of the device code.
-extern "C" __global__ void philox_kat(const unsigned int* ctr_key, unsigned int* out, int n) {
+// Philox4x32-10 on a batch of counters, for the known-answer test of the device code (launched
+// with blocks of 1024 threads, as cudarc's LaunchConfig::for_num_elems does).
+extern "C" __global__ void __launch_bounds__(1024) philox_kat(const unsigned int* ctr_key, unsigned int* out, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const unsigned int* c = ctr_key + 6 * i;
@@ -243,7 +244,9 @@ __device__ void threshold(const float* row, unsigned int vocab, float max_logit,
 // top_k == 0: no top-k (the host also passes 0 when k >= vocab); top_p >= 1: no top-p.
 // greedy != 0: argmax, log-prob at T = 1 (the host passes inv_t = temperature = 1).
 // A row with NaN or +inf logits, or none finite, gets token 0xffffffff and a NaN log-prob.
-extern "C" __global__ void sample_rows(const float* __restrict__ logits, unsigned int vocab,
+// __launch_bounds__: ptxas must fit a 1024-thread block (at most 64 registers a thread; it uses
+// 56 on sm_90 with CUDA 13.0), or the launch would fail with "too many resources requested".
+extern "C" __global__ void __launch_bounds__(THREADS) sample_rows(const float* __restrict__ logits, unsigned int vocab,
                                        float temperature, float inv_t, int greedy,
                                        unsigned int top_k, float top_p,
                                        const unsigned long long* __restrict__ keys,
