@@ -34,7 +34,9 @@ fn runner() -> &'static Path {
     BIN.get_or_init(|| {
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cuda_emu");
         std::fs::create_dir_all(&dir).unwrap();
+        // Built under a per-process name and renamed: test processes may run side by side.
         let bin = dir.join("run_kernel");
+        let building = dir.join(format!("run_kernel.{}", std::process::id()));
         let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
         let out = Command::new(&cxx)
             .args([
@@ -50,7 +52,7 @@ fn runner() -> &'static Path {
             .arg(format!("-DKERNEL_SOURCE=\"{KERNEL}\""))
             .arg(Path::new(EMU_DIR).join("run_kernel.cpp"))
             .arg("-o")
-            .arg(&bin)
+            .arg(&building)
             .output()
             .unwrap_or_else(|e| {
                 panic!("cannot run the C++ compiler {cxx:?} ({e}); install g++ (C++20)")
@@ -60,6 +62,7 @@ fn runner() -> &'static Path {
             "the kernel does not build under the CPU emulation:\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
+        std::fs::rename(&building, &bin).unwrap();
         bin
     })
 }
