@@ -8,14 +8,16 @@
 //! the hardware decides: the NVRTC build of the device code, memory coalescing, speed.
 //!
 //! The launch arguments come from `sampler::launch::KernelArgs`, which the CUDA sampler passes.
-//! The compiler is `$CXX` or `c++`. Set `CASCADE_EMU_ALL=1` to check every recorded draw
-//! instead of a subset (about 15 minutes on 2 cores).
+//! The compiler is `$CXX` or `c++`. Every recorded draw is checked with blocks of 64 threads, a
+//! subset with the 1024 threads the CUDA sampler launches (all of them with `CASCADE_EMU_ALL=1`:
+//! about 5 minutes on 2 cores).
 
 mod golden;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
+use std::sync::Mutex;
 
 use cascade_actor::sampler::kernels::THREADS;
 use cascade_actor::sampler::launch::{flat_keys, philox_kat_input, KernelArgs};
@@ -28,50 +30,54 @@ const KERNEL: &str = concat!(
 );
 const EMU_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/cuda_emu");
 
-/// Builds the emulation binary once per test process.
-fn runner() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cuda_emu");
-        std::fs::create_dir_all(&dir).unwrap();
-        // Built under a per-process name and renamed: test processes may run side by side.
-        let bin = dir.join("run_kernel");
-        let building = dir.join(format!("run_kernel.{}", std::process::id()));
-        let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
-        let out = Command::new(&cxx)
-            .args([
-                "-std=c++20",
-                "-O2",
-                "-ffp-contract=off",
-                "-fno-fast-math",
-                "-pthread",
-            ])
-            .args(["-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas"])
-            .arg("-include")
-            .arg(Path::new(EMU_DIR).join("cuda_emu.h"))
-            .arg(format!("-DKERNEL_SOURCE=\"{KERNEL}\""))
-            .arg(Path::new(EMU_DIR).join("run_kernel.cpp"))
-            .arg("-o")
-            .arg(&building)
-            .output()
-            .unwrap_or_else(|e| {
-                panic!("cannot run the C++ compiler {cxx:?} ({e}); install g++ (C++20)")
-            });
-        assert!(
-            out.status.success(),
-            "the kernel does not build under the CPU emulation:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        std::fs::rename(&building, &bin).unwrap();
-        bin
-    })
+/// Builds the emulation binary for blocks of `threads` threads, once per test process.
+fn runner(threads: u32) -> PathBuf {
+    static BINS: Mutex<BTreeMap<u32, PathBuf>> = Mutex::new(BTreeMap::new());
+    let mut bins = BINS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(bin) = bins.get(&threads) {
+        return bin.clone();
+    }
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cuda_emu");
+    std::fs::create_dir_all(&dir).unwrap();
+    // Built under a per-process name and renamed: test processes may run side by side.
+    let bin = dir.join(format!("run_kernel_{threads}"));
+    let building = dir.join(format!("run_kernel_{threads}.{}", std::process::id()));
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let out = Command::new(&cxx)
+        .args([
+            "-std=c++20",
+            "-O2",
+            "-ffp-contract=off",
+            "-fno-fast-math",
+            "-pthread",
+        ])
+        .args(["-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas"])
+        .arg(format!("-DTHREADS={threads}"))
+        .arg("-include")
+        .arg(Path::new(EMU_DIR).join("cuda_emu.h"))
+        .arg(format!("-DKERNEL_SOURCE=\"{KERNEL}\""))
+        .arg(Path::new(EMU_DIR).join("run_kernel.cpp"))
+        .arg("-o")
+        .arg(&building)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("cannot run the C++ compiler {cxx:?} ({e}); install g++ (C++20)")
+        });
+    assert!(
+        out.status.success(),
+        "the kernel does not build under the CPU emulation:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::rename(&building, &bin).unwrap();
+    bins.insert(threads, bin.clone());
+    bin
 }
 
-fn run(mode: &str, input: &[u8], tag: &str) -> Vec<u8> {
+fn run(threads: u32, mode: &str, input: &[u8], tag: &str) -> Vec<u8> {
     let dir = tempfile::tempdir().unwrap();
     let (inp, outp) = (dir.path().join("in"), dir.path().join("out"));
     std::fs::write(&inp, input).unwrap();
-    let out = Command::new(runner())
+    let out = Command::new(runner(threads))
         .args([mode.as_ref(), inp.as_os_str(), outp.as_os_str()])
         .output()
         .unwrap();
@@ -91,6 +97,18 @@ fn emulated(
     params: &SamplingParams,
     keys: &[SampleKey],
 ) -> Vec<(u32, f32)> {
+    emulated_with(THREADS, logits, vocab, params, keys)
+}
+
+/// [`emulated`] with the kernel built for blocks of `threads` threads.
+fn emulated_with(
+    threads: u32,
+
+    logits: &[f32],
+    vocab: usize,
+    params: &SamplingParams,
+    keys: &[SampleKey],
+) -> Vec<(u32, f32)> {
     let args = KernelArgs::new(params, vocab).unwrap();
     assert_eq!(logits.len(), keys.len() * vocab);
     let mut input = Vec::with_capacity(32 + logits.len() * 4 + keys.len() * 24);
@@ -101,10 +119,10 @@ fn emulated(
     input.extend(args.greedy.to_le_bytes());
     input.extend(args.top_k.to_le_bytes());
     input.extend(args.top_p.to_le_bytes());
-    input.extend(THREADS.to_le_bytes());
+    input.extend(threads.to_le_bytes());
     input.extend(logits.iter().flat_map(|x| x.to_le_bytes()));
     input.extend(flat_keys(keys).iter().flat_map(|x| x.to_le_bytes()));
-    let out = run("sample", &input, &format!("{params:?}"));
+    let out = run(threads, "sample", &input, &format!("{params:?}"));
     let rows = keys.len();
     assert_eq!(out.len(), rows * 8);
     let word = |i: usize| u32::from_le_bytes(out[4 * i..4 * i + 4].try_into().unwrap());
@@ -116,25 +134,17 @@ fn emulated(
 /// Log-probs: the CPU sums `exp` in another order than the kernel's tree, in f64.
 const LOGPROB_TOL: f64 = 1e-5;
 
-#[test]
-fn kernel_reproduces_the_recorded_draws() {
-    let all = std::env::var("CASCADE_EMU_ALL").is_ok_and(|v| v == "1");
+/// Runs the kernel (blocks of `threads`) on the first `rows(case)` rows of every recorded case
+/// and setting; returns how many draws it checked.
+fn check_recorded(threads: u32, rows: impl Fn(&golden::Case) -> usize) -> usize {
     let records = golden::records();
-    let settings = golden::settings();
     let (mut checked, mut worst) = (0usize, 0f64);
     for (c, case) in golden::CASES.iter().enumerate() {
-        // A subset by default: 2 rows of each large-vocabulary case, 12 of the others.
-        let rows = if all {
-            case.rows
-        } else if case.vocab > 10_000 {
-            2
-        } else {
-            case.rows.min(12)
-        };
+        let rows = rows(case).min(case.rows);
         let logits = &case.logits()[..rows * case.vocab];
         let keys: Vec<SampleKey> = (0..rows).map(|r| case.key(r)).collect();
-        for (name, params) in &settings {
-            let got = emulated(logits, case.vocab, params, &keys);
+        for (name, params) in &golden::settings() {
+            let got = emulated_with(threads, logits, case.vocab, params, &keys);
             for (r, &(token, logprob)) in got.iter().enumerate() {
                 let want = records
                     .iter()
@@ -142,13 +152,15 @@ fn kernel_reproduces_the_recorded_draws() {
                     .unwrap_or_else(|| panic!("no record for case {c} {name} row {r}"));
                 assert_eq!(
                     token, want.token,
-                    "case {c} ({case:?}) {name} row {r}: kernel draws {token}, recorded {}",
+                    "{threads} threads, case {c} ({case:?}) {name} row {r}: kernel draws \
+                     {token}, recorded {}",
                     want.token
                 );
                 let d = (f64::from(logprob) - want.logprob).abs();
                 assert!(
                     d <= LOGPROB_TOL * want.logprob.abs().max(1.0),
-                    "case {c} {name} row {r}: log-prob {logprob} vs recorded {}",
+                    "{threads} threads, case {c} {name} row {r}: log-prob {logprob} vs \
+                     recorded {}",
                     want.logprob
                 );
                 worst = worst.max(d);
@@ -157,9 +169,31 @@ fn kernel_reproduces_the_recorded_draws() {
         }
     }
     eprintln!(
-        "emulated kernel: {checked} recorded draws reproduced, worst log-prob diff {worst:e}"
+        "emulated kernel, {threads} threads a block: {checked} recorded draws reproduced, \
+         worst log-prob diff {worst:e}"
     );
-    assert!(checked >= if all { records.len() } else { 400 });
+    checked
+}
+
+/// Every recorded draw, with the kernel built for blocks of 64 threads (two warps): the same
+/// code with more work per thread, and 30 times faster to emulate than 1024 threads.
+#[test]
+fn kernel_reproduces_every_recorded_draw_in_small_blocks() {
+    let checked = check_recorded(64, |case| case.rows);
+    assert_eq!(checked, golden::records().len());
+}
+
+/// Recorded draws at the block size the CUDA sampler launches (1024 threads): a few rows of
+/// each case, all of them with `CASCADE_EMU_ALL=1`.
+#[test]
+fn kernel_reproduces_recorded_draws_at_the_launch_block_size() {
+    let all = std::env::var("CASCADE_EMU_ALL").is_ok_and(|v| v == "1");
+    let checked = check_recorded(THREADS, |case| match case.vocab {
+        _ if all => case.rows,
+        v if v > 10_000 => 2,
+        _ => 4,
+    });
+    assert!(checked >= 8 * (2 * 2 + 4 * 4));
 }
 
 fn gaussian_logits(n: usize, std: f32, seed: u64) -> Vec<f32> {
@@ -314,7 +348,7 @@ fn kernel_philox_matches_host() {
         .collect();
     let mut input = (keys.len() as u32).to_le_bytes().to_vec();
     input.extend(philox_kat_input(&keys).iter().flat_map(|x| x.to_le_bytes()));
-    let out = run("philox", &input, "philox");
+    let out = run(THREADS, "philox", &input, "philox");
     for (i, k) in keys.iter().enumerate() {
         let got = u32::from_le_bytes(out[4 * i..4 * i + 4].try_into().unwrap());
         assert_eq!(got, uniform_bits(k), "{k:?}");

@@ -8,7 +8,11 @@
 // additions does not matter); (3) Philox4x32-10 uniform, inverse-CDF draw over the kept tokens
 // in index order with an exact block-wide integer prefix sum; (4) the sampled token's log-prob.
 
+// Threads per block (the CUDA sampler launches THREADS; the CPU emulation test also builds the
+// kernel with a smaller block to run every recorded draw quickly).
+#ifndef THREADS
 #define THREADS 1024
+#endif
 #define WARPS (THREADS / 32)
 #define BINS 256
 #define ITEMS 8
