@@ -8,13 +8,15 @@
 //! `SAMPLER_BENCH_ONLY` (run only the settings whose name starts with it, e.g. `top-p`).
 //! Logits are Gaussian with standard deviation 3 (a peaked, LM-like softmax).
 
+#[path = "../tests/golden/mod.rs"]
+mod golden;
+use golden::gaussian_logits;
+
 use std::time::{Duration, Instant};
 
 use candle_core::{Device, Tensor};
 use candle_transformers::generation::{LogitsProcessor, Sampling};
 use cascade_actor::sampler::{sample_batch, SampleKey, SamplingParams};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
 
 fn env_or(name: &str, default: usize) -> usize {
@@ -22,17 +24,6 @@ fn env_or(name: &str, default: usize) -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-fn gaussian_logits(n: usize, std: f32, seed: u64) -> Vec<f32> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    (0..n)
-        .map(|_| {
-            let u1: f64 = rng.random::<f64>().max(1e-300);
-            let u2: f64 = rng.random();
-            ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32 * std
-        })
-        .collect()
 }
 
 /// Median wall time of `reps` runs (after one warm-up run).

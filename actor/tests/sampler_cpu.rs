@@ -2,21 +2,10 @@
 //! (chi-square), behaviour log-probs vs a direct f64 log-softmax, determinism and per-sample
 //! streams.
 
-use cascade_actor::sampler::{sample_batch, sample_cpu, SampleKey, SamplerError, SamplingParams};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+mod golden;
+use golden::gaussian_logits;
 
-/// Gaussian logits with standard deviation `std` (Box-Muller on a seeded RNG).
-fn gaussian_logits(n: usize, std: f32, seed: u64) -> Vec<f32> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    (0..n)
-        .map(|_| {
-            let u1: f64 = rng.random::<f64>().max(1e-300);
-            let u2: f64 = rng.random();
-            ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32 * std
-        })
-        .collect()
-}
+use cascade_actor::sampler::{sample_batch, sample_cpu, SampleKey, SamplerError, SamplingParams};
 
 /// log_softmax(logits / T) in f64, computed directly.
 fn direct_log_softmax(logits: &[f32], temperature: f64) -> Vec<f64> {

@@ -3,22 +3,12 @@
 //! device Philox equal to the host one.
 #![cfg(feature = "cuda")]
 
+mod golden;
+use golden::gaussian_logits;
+
 use cascade_actor::sampler::cuda::CudaSampler;
 use cascade_actor::sampler::philox::uniform_bits;
 use cascade_actor::sampler::{sample_batch, SampleKey, SamplerError, SamplingParams};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
-
-fn gaussian_logits(n: usize, std: f32, seed: u64) -> Vec<f32> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    (0..n)
-        .map(|_| {
-            let u1: f64 = rng.random::<f64>().max(1e-300);
-            let u2: f64 = rng.random();
-            ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32 * std
-        })
-        .collect()
-}
 
 fn sampler() -> CudaSampler {
     CudaSampler::new(0).unwrap_or_else(|e| panic!("CUDA sampler unavailable: {e}"))
@@ -27,13 +17,7 @@ fn sampler() -> CudaSampler {
 #[test]
 fn device_philox_matches_host() {
     let s = sampler();
-    let keys: Vec<SampleKey> = (0..4096u64)
-        .map(|i| SampleKey {
-            seed: i.wrapping_mul(0x9E37_79B9_7F4A_7C15),
-            stream: i * 7,
-            position: i << 33 | i,
-        })
-        .collect();
+    let keys: Vec<SampleKey> = golden::philox_test_keys(4096);
     let device = s.philox_bits(&keys).unwrap();
     for (k, d) in keys.iter().zip(device) {
         assert_eq!(uniform_bits(k), d, "{k:?}");

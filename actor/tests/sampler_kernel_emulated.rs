@@ -23,6 +23,7 @@ use cascade_actor::sampler::kernels::THREADS;
 use cascade_actor::sampler::launch::{flat_keys, philox_kat_input, KernelArgs};
 use cascade_actor::sampler::philox::uniform_bits;
 use cascade_actor::sampler::{sample_batch, sample_cpu, SampleKey, SamplerError, SamplingParams};
+use golden::gaussian_logits;
 
 const KERNEL: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -196,19 +197,6 @@ fn kernel_reproduces_recorded_draws_at_the_launch_block_size() {
     assert!(checked >= 8 * (2 * 2 + 4 * 4));
 }
 
-fn gaussian_logits(n: usize, std: f32, seed: u64) -> Vec<f32> {
-    use rand::rngs::StdRng;
-    use rand::{Rng, SeedableRng};
-    let mut rng = StdRng::seed_from_u64(seed);
-    (0..n)
-        .map(|_| {
-            let u1: f64 = rng.random::<f64>().max(1e-300);
-            let u2: f64 = rng.random();
-            ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32 * std
-        })
-        .collect()
-}
-
 /// Compares the kernel with `sample_batch` on one batch of finite rows.
 fn assert_same_as_cpu(
     logits: &[f32],
@@ -339,13 +327,7 @@ fn kernel_refuses_non_finite_rows_like_the_cpu() {
 
 #[test]
 fn kernel_philox_matches_host() {
-    let keys: Vec<SampleKey> = (0..3000u64)
-        .map(|i| SampleKey {
-            seed: i.wrapping_mul(0x9E37_79B9_7F4A_7C15),
-            stream: i * 7,
-            position: i << 33 | i,
-        })
-        .collect();
+    let keys: Vec<SampleKey> = golden::philox_test_keys(3000);
     let mut input = (keys.len() as u32).to_le_bytes().to_vec();
     input.extend(philox_kat_input(&keys).iter().flat_map(|x| x.to_le_bytes()));
     let out = run(THREADS, "philox", &input, "philox");

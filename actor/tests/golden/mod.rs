@@ -1,5 +1,6 @@
-//! The sampler's recorded draws (`tests/fixtures/sampler_golden.txt`): the logits, keys and
-//! settings they were drawn with, and the file's records. Shared by `sampler_golden.rs` (the CPU
+//! Sampler test data: the recorded draws (`tests/fixtures/sampler_golden.txt`) with the logits,
+//! keys and settings they were drawn with, and the Gaussian logits of the other sampler tests
+//! and of the sampler benchmark. Shared by `sampler_golden.rs` (the CPU
 //! sampler must keep every draw) and `sampler_kernel_emulated.rs` (the CUDA kernel, run on the
 //! CPU, must draw the same).
 //!
@@ -8,6 +9,21 @@
 #![allow(dead_code)]
 
 use cascade_actor::sampler::{SampleKey, SamplingParams};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// Gaussian logits with standard deviation `std` (Box-Muller on a seeded RNG): `std` 3 gives a
+/// peaked, LM-like softmax.
+pub fn gaussian_logits(n: usize, std: f32, seed: u64) -> Vec<f32> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| {
+            let u1: f64 = rng.random::<f64>().max(1e-300);
+            let u2: f64 = rng.random();
+            ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32 * std
+        })
+        .collect()
+}
 
 pub const FIXTURE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -99,6 +115,17 @@ pub fn settings() -> Vec<(&'static str, SamplingParams)> {
         ("top-p 0.5 T 0.6", p(0.6, None, Some(0.5))),
         ("top-k 400 top-p 0.8 T 1", p(1.0, Some(400), Some(0.8))),
     ]
+}
+
+/// `n` keys with every word of the Philox counter and key in use (for the device Philox checks).
+pub fn philox_test_keys(n: u64) -> Vec<SampleKey> {
+    (0..n)
+        .map(|i| SampleKey {
+            seed: i.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+            stream: i * 7,
+            position: i << 33 | i,
+        })
+        .collect()
 }
 
 /// One line of the fixture: `case setting row token logprob`, tab-separated.
