@@ -341,29 +341,18 @@ impl Engine {
         let (n, _) = logits.dims2()?;
         debug_assert_eq!(n, slots.len());
         // Rows of different jobs may use different settings: one sampler call per setting.
-        let mut groups: Vec<(SamplingParams, Vec<usize>)> = Vec::new();
+        let mut groups: Vec<(SamplingParams, Vec<usize>, Vec<SampleKey>)> = Vec::new();
         for (i, &s) in slots.iter().enumerate() {
-            let p = self.rows[s]
-                .as_ref()
-                .expect("active row")
-                .job
-                .params
-                .sampling;
-            match groups.iter_mut().find(|(q, _)| *q == p) {
-                Some((_, idx)) => idx.push(i),
-                None => groups.push((p, vec![i])),
+            let row = self.rows[s].as_ref().expect("active row");
+            let p = row.job.params.sampling;
+            match groups.iter_mut().find(|(q, _, _)| *q == p) {
+                Some((_, idx, keys)) => {
+                    idx.push(i);
+                    keys.push(row.key());
+                }
+                None => groups.push((p, vec![i], vec![row.key()])),
             }
         }
-        let groups: Vec<(SamplingParams, Vec<usize>, Vec<SampleKey>)> = groups
-            .into_iter()
-            .map(|(p, idx)| {
-                let keys = idx
-                    .iter()
-                    .map(|&i| self.rows[slots[i]].as_ref().expect("active row").key())
-                    .collect();
-                (p, idx, keys)
-            })
-            .collect();
         let drawn = self.draw(logits, &groups)?;
         let context = self.context();
         for (&slot, s) in slots.iter().zip(drawn) {
