@@ -18,12 +18,12 @@ use anyhow::Context;
 use cascade_actor::dataset::Dataset;
 use cascade_actor::eval::{evaluate, mean_and_se, EvalOptions};
 use cascade_actor::run::verifier_for;
-use cascade_learner::snapshot;
 use cascade_rewards::Verifier;
 use cascade_shared::chat::Chat;
 use cascade_shared::config::RunConfig;
 use cascade_shared::metrics::MetricsLog;
 use cascade_shared::model::load_model;
+use cascade_shared::snapshot;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 

@@ -135,9 +135,9 @@ fn check_snapshots(run_dir: &Path) -> usize {
         if !name.starts_with('v') || name.contains('.') {
             continue;
         }
-        cascade_learner::snapshot::load_snapshot(&p)
+        cascade_shared::snapshot::load_snapshot(&p)
             .unwrap_or_else(|e| panic!("snapshot {name} is corrupt: {e}"));
-        cascade_learner::snapshot::load_model(&p, &candle_core::Device::Cpu)
+        cascade_shared::snapshot::load_model(&p, &candle_core::Device::Cpu)
             .unwrap_or_else(|e| panic!("snapshot {name} does not load: {e}"));
         n += 1;
     }

@@ -20,6 +20,12 @@ pub enum ActorError {
     /// Writing to the replay log failed.
     #[error(transparent)]
     Transport(#[from] cascade_shared::transport::TransportError),
+    /// Reading or writing the snapshot directory failed (e.g. the acknowledgement file).
+    #[error(transparent)]
+    SnapshotFiles(#[from] cascade_shared::snapshot::SnapshotError),
+    /// The reward model could not score (empty or too long sequence, bad head).
+    #[error(transparent)]
+    RewardHead(#[from] cascade_shared::reward_head::RewardHeadError),
     /// A snapshot could not be used (the reason is in the message).
     #[error("snapshot {path}: {reason}")]
     Snapshot {

@@ -11,7 +11,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use cascade_rewards::{split_response, Verifier};
+use cascade_rewards::Verifier;
+use cascade_shared::chat::split_response;
 use cascade_shared::chat::Chat;
 use cascade_shared::model::CausalLm;
 use cascade_shared::Mode;

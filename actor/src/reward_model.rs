@@ -1,28 +1,24 @@
 //! The reward-model verifier: the shared architecture with a scalar head.
 //!
 //! A reward-model checkpoint is a Hugging Face model directory (config, safetensors,
-//! tokenizer) whose safetensors also hold `score.weight`, shape `(1, hidden)`. The score of a
-//! (prompt, response) pair is `score.weight · h`, where `h` is the final hidden state of the
-//! last real token of the conversation rendered with the chat template (user prompt, assistant
-//! response, no generation prompt). Pairs are scored in right-padded batches.
+//! tokenizer) whose safetensors also hold `score.weight`; how a pair is scored is defined once
+//! in [`cascade_shared::reward_head`] (shared with the learner, which trains the head).
 
 use std::path::Path;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 use cascade_rewards::{Reward, SplitResponse, Verifier, VerifyError};
-use cascade_shared::chat::{Chat, Message};
+use cascade_shared::chat::Chat;
 use cascade_shared::model::{compute_dtype, CausalLm, Checkpoint, ModelConfig};
-use cascade_shared::Mode;
+pub use cascade_shared::reward_head::SCORE_WEIGHT;
+use cascade_shared::reward_head::{check_head, pair_ids, sequence_scores};
 
-use crate::error::{ActorError, Result};
-
-/// Name of the scalar head tensor.
-pub const SCORE_WEIGHT: &str = "score.weight";
+use crate::error::Result;
 
 /// A loaded reward model.
 pub struct RewardModel {
     model: CausalLm,
-    /// `(hidden, 1)` in the model's dtype.
+    /// `score.weight`, `(1, hidden)`, in the model's dtype.
     head: Tensor,
     chat: Chat,
     max_batch: usize,
@@ -62,14 +58,8 @@ impl RewardModel {
 
     /// A reward model from parts; `head` is `score.weight`, `(1, hidden)`.
     pub fn new(model: CausalLm, head: Tensor, chat: Chat) -> Result<RewardModel> {
-        let hidden = model.config().hidden_size;
-        if head.dims() != [1, hidden] {
-            return Err(ActorError::Invalid(format!(
-                "{SCORE_WEIGHT} must be (1, {hidden}), got {:?}",
-                head.dims()
-            )));
-        }
-        let head = head.to_dtype(model.dtype())?.t()?.contiguous()?;
+        check_head(&model, &head)?;
+        let head = head.to_dtype(model.dtype())?;
         Ok(RewardModel {
             model,
             head,
@@ -86,52 +76,17 @@ impl RewardModel {
 
     /// Token ids of a (prompt, response) conversation.
     pub fn encode_pair(&self, prompt: &str, response: &str) -> Result<Vec<u32>> {
-        let messages = [Message::user(prompt), Message::assistant(response)];
-        Ok(self.chat.encode_chat(&messages, false, Mode::Think)?)
+        Ok(pair_ids(&self.chat, prompt, response)?)
     }
 
     /// Scores token sequences (each a whole conversation), batched.
     pub fn score_ids(&self, seqs: &[Vec<u32>]) -> Result<Vec<f32>> {
         let mut out = Vec::with_capacity(seqs.len());
         for chunk in seqs.chunks(self.max_batch) {
-            out.extend(self.score_chunk(chunk)?);
+            let chunk: Vec<&[u32]> = chunk.iter().map(Vec::as_slice).collect();
+            out.extend(sequence_scores(&self.model, &self.head, &chunk)?.to_vec1::<f32>()?);
         }
         Ok(out)
-    }
-
-    fn score_chunk(&self, seqs: &[Vec<u32>]) -> Result<Vec<f32>> {
-        let max_pos = self.model.config().max_position_embeddings;
-        let width = seqs.iter().map(Vec::len).max().unwrap_or(0);
-        if seqs.iter().any(Vec::is_empty) {
-            return Err(ActorError::Invalid("reward model: empty sequence".into()));
-        }
-        if width > max_pos {
-            return Err(ActorError::Invalid(format!(
-                "reward model: sequence of {width} tokens exceeds the context of {max_pos}"
-            )));
-        }
-        let n = seqs.len();
-        let mut ids = vec![0u32; n * width];
-        let mut mask = vec![0u8; n * width];
-        for (r, s) in seqs.iter().enumerate() {
-            ids[r * width..r * width + s.len()].copy_from_slice(s);
-            mask[r * width..r * width + s.len()].fill(1);
-        }
-        let dev = self.model.device();
-        let ids = Tensor::from_vec(ids, (n, width), dev)?;
-        let mask = Tensor::from_vec(mask, (n, width), dev)?;
-        let hidden = self.model.forward_hidden(&ids, Some(&mask))?; // (n, width, h)
-        let last: Vec<u32> = seqs.iter().map(|s| (s.len() - 1) as u32).collect();
-        let h = self.model.config().hidden_size;
-        let idx = Tensor::from_vec(last, (n, 1, 1), dev)?
-            .broadcast_as((n, 1, h))?
-            .contiguous()?;
-        let last_hidden = hidden.gather(&idx, 1)?.squeeze(1)?; // (n, h)
-        let scores = last_hidden
-            .matmul(&self.head)?
-            .squeeze(1)?
-            .to_dtype(DType::F32)?;
-        Ok(scores.to_vec1()?)
     }
 
     /// Scores (prompt, response) pairs, batched.

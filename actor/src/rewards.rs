@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use cascade_rewards::{split_response, Verifier};
+use cascade_rewards::Verifier;
+use cascade_shared::chat::split_response;
 use cascade_shared::transport::RolloutSink;
 use cascade_shared::{RolloutGroup, Sample, SampleTiming, StageKind};
 

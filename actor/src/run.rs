@@ -29,10 +29,10 @@ use crate::rewards::{Detokenize, GroupContext, PipelineStats, RewardPipeline, Sc
 use crate::sampler::philox::{uniform_bits, uniform_f32};
 use crate::sampler::{SampleKey, SamplingParams};
 use crate::snapshot_watch::SnapshotWatch;
-use cascade_learner::outcomes::{OutcomeConfig, PromptTracker};
-use cascade_learner::snapshot;
-use cascade_learner::LearnerState;
+use cascade_shared::config::OutcomeConfig;
 use cascade_shared::metrics::{MetricsLog, METRICS_FILE};
+use cascade_shared::outcomes::PromptTracker;
+use cascade_shared::snapshot::{self, LearnerState};
 
 /// Command-line overrides of the stage's rollout settings (`None`: the stage/config decides).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -366,10 +366,11 @@ impl Stage {
         i
     }
 
-    /// Adopts the learner's prompt outcomes of this stage from a snapshot.
-    fn set_tracker(&mut self, state: &LearnerState) {
+    /// Adopts the learner's prompt outcomes of this stage from a snapshot (with the run's
+    /// `[outcomes]` settings, the learner's own).
+    fn set_tracker(&mut self, state: &LearnerState, outcomes: &OutcomeConfig) {
         self.tracker = match (&state.prompt_tracker, state.stage_index == self.index) {
-            (Some(t), true) => PromptTracker::from_state(OutcomeConfig::default(), t).ok(),
+            (Some(t), true) => PromptTracker::from_state(outcomes.clone(), t).ok(),
             _ => None,
         };
     }
@@ -433,12 +434,7 @@ fn rl_stage_from(config: &RunConfig, index: u32) -> Option<u32> {
 
 /// The version `LATEST` names and the stage index in its `state.json` (cheap: no weights).
 fn latest_stage(snapshots: &Path) -> Option<(u64, u32)> {
-    let v = snapshot::read_latest(snapshots)?;
-    let path = snapshots
-        .join(snapshot::version_dir_name(v))
-        .join(snapshot::STATE_FILE);
-    let state: LearnerState = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
-    Some((v, state.stage_index))
+    snapshot::peek_latest_state(snapshots).map(|(v, state)| (v, state.stage_index))
 }
 
 /// Runs an actor until SIGTERM/SIGINT (or `max_groups`), then finishes the groups in flight,
@@ -573,7 +569,7 @@ pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSu
         }
     };
     if let Some(state) = &start.state {
-        stage.set_tracker(state);
+        stage.set_tracker(state, &opts.config.outcomes);
     }
     stage_index = stage.index;
     // 2. The reward pipeline and the replay writer.
@@ -644,7 +640,7 @@ pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSu
                         }
                         stage_step = new_step;
                         stage_index = i;
-                        stage.set_tracker(&w.state);
+                        stage.set_tracker(&w.state, &opts.config.outcomes);
                         if stage.on_policy {
                             // Rollouts of the old version would be dropped as stale: stop them
                             // and start the new version's prompts.

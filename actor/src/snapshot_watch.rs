@@ -2,20 +2,18 @@
 //!
 //! Between decode steps the actor calls [`SnapshotWatch::poll`]. When `LATEST` names a version
 //! newer than the weights in use, the actor acknowledges it (`acks/actor-I`, written *before*
-//! reading so the learner's retention keeps it), verifies the directory with the learner's
-//! own checker (completion marker, manifest, size and CRC-32C of every file, `state.json`
-//! format) and loads the weights shape-checked against the running model. A snapshot that
+//! reading so the learner's retention keeps it), verifies the directory with the snapshot
+//! format's own checker ([`cascade_shared::snapshot::load_snapshot`]: completion marker,
+//! manifest, size and CRC-32C of every file, `state.json` format) and loads the weights shape-checked against the running model. A snapshot that
 //! fails any check is refused with a logged reason, the acknowledgement goes back to the
 //! version in use, and generation goes on with the current weights. A refused version is not
 //! retried until `LATEST` changes.
 
-use std::fs;
 use std::path::{Path, PathBuf};
 
 use candle_core::Device;
-use cascade_learner::snapshot::{self, ACKS_DIR};
-use cascade_learner::state::LearnerState;
 use cascade_shared::model::{compute_dtype, parameter_shapes, CausalLm, Checkpoint, ModelConfig};
+use cascade_shared::snapshot::{self, LearnerState};
 
 use crate::error::{ActorError, Result};
 
@@ -117,28 +115,17 @@ impl SnapshotWatch {
         }
     }
 
-    fn ack_path(&self) -> PathBuf {
-        self.snapshots_dir
-            .join(ACKS_DIR)
-            .join(format!("actor-{}", self.actor_id))
-    }
-
-    /// Writes `acks/actor-I` atomically (tmp file + rename).
+    /// Writes `acks/actor-I` atomically.
     fn write_ack(&self, version: u64) -> Result<()> {
-        let dir = self.snapshots_dir.join(ACKS_DIR);
-        fs::create_dir_all(&dir).map_err(|e| ActorError::io(&dir, e))?;
-        let path = self.ack_path();
-        let tmp = path.with_extension("tmp");
-        fs::write(&tmp, format!("{version}\n")).map_err(|e| ActorError::io(&tmp, e))?;
-        fs::rename(&tmp, &path).map_err(|e| ActorError::io(&path, e))
+        Ok(snapshot::write_ack(
+            &self.snapshots_dir,
+            self.actor_id,
+            version,
+        )?)
     }
 
     fn remove_ack(&self) -> Result<()> {
-        let path = self.ack_path();
-        match fs::remove_file(&path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(ActorError::io(&path, e)),
-            _ => Ok(()),
-        }
+        Ok(snapshot::remove_ack(&self.snapshots_dir, self.actor_id)?)
     }
 }
 
@@ -174,7 +161,7 @@ pub fn load_weights(
         }
     }
     let cfg = running.unwrap_or(&own);
-    let tensors = Checkpoint::open_dir(dir)
+    let tensors = Checkpoint::open_published(dir)
         .and_then(|c| c.load_all(cfg, compute_dtype(device), device))
         .map_err(|e| refuse(e.to_string()))?;
     let model = CausalLm::from_tensors(cfg, &tensors).map_err(|e| refuse(e.to_string()))?;

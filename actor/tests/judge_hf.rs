@@ -9,7 +9,8 @@ use std::path::PathBuf;
 use candle_core::Device;
 use cascade_actor::judge::{issue_text, JudgeScorer, Verdict};
 use cascade_rewards::swe::{PatchPair, SemanticScorer};
-use cascade_rewards::{split_response, SweVerifier, Verifier, VerifyError};
+use cascade_rewards::{SweVerifier, Verifier, VerifyError};
+use cascade_shared::chat::split_response;
 use serde_json::{json, Value};
 
 const TOL: f64 = 1e-4;

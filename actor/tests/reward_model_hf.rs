@@ -7,7 +7,8 @@ use std::path::PathBuf;
 
 use candle_core::Device;
 use cascade_actor::reward_model::RewardModel;
-use cascade_rewards::{split_response, Verifier};
+use cascade_rewards::Verifier;
+use cascade_shared::chat::split_response;
 use serde_json::{json, Value};
 
 const TOL: f32 = 1e-4;

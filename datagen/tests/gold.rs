@@ -8,9 +8,8 @@ use cascade_datagen::code::FnSpec;
 use cascade_datagen::common::{stream, Purpose};
 use cascade_datagen::{generate, write_tiny, Domain, Mode, Task, TinyData, TinySizes};
 use cascade_rewards::code::CodeConfig;
-use cascade_rewards::{
-    split_response, CodeVerifier, IfEvalVerifier, MathVerifier, SweVerifier, Verifier,
-};
+use cascade_rewards::{CodeVerifier, IfEvalVerifier, MathVerifier, SweVerifier, Verifier};
+use cascade_shared::chat::split_response;
 use serde_json::Value;
 
 fn verifier(d: Domain) -> Option<Box<dyn Verifier>> {

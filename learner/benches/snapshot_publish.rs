@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use candle_core::{DType, Device, Tensor, Var};
 use cascade_learner::snapshot::{publish, SnapshotInput};
-use cascade_learner::state::{LearnerState, STATE_FORMAT_VERSION};
-use cascade_learner::{rng, AdamW, AdamWConfig, FilterMetrics};
+use cascade_learner::{AdamW, AdamWConfig};
+use cascade_shared::snapshot::LearnerState;
 
 const RUNS: usize = 5;
 
@@ -71,16 +71,10 @@ fn main() -> anyhow::Result<()> {
             .collect();
         let opt = AdamW::new(vars, AdamWConfig::default())?;
         let state = LearnerState {
-            format_version: STATE_FORMAT_VERSION,
             step: 1,
             policy_version: 1,
-            stage_index: 0,
             stage_step: 1,
-            rng: rng::RngState::capture(&rng::seeded(1)),
-            replay_cursors: serde_json::Value::Null,
-            curriculum: serde_json::Value::Null,
-            filter_metrics: FilterMetrics::default(),
-            prompt_tracker: None,
+            ..LearnerState::initial(serde_json::Value::Null)
         };
         let (mut t_publish, mut t_plain, mut t_sync) = (Vec::new(), Vec::new(), Vec::new());
         let mut file_sizes = Vec::new();

@@ -14,9 +14,34 @@ use std::ops::Range;
 
 use candle_core::{Device, Tensor};
 use cascade_shared::{FinishReason, RolloutGroup};
+use serde::{Deserialize, Serialize};
 
 use crate::error::{LearnerError, Result};
-use crate::grpo::{GrpoConfig, LossAggregation};
+
+/// How per-token losses are reduced to one number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum LossAggregation {
+    /// Sum over all response tokens of the batch / their count (the paper's default).
+    #[default]
+    Token,
+    /// Mean per sequence, then mean over sequences.
+    Sequence,
+}
+
+/// What building a batch needs of the objective's settings (from
+/// [`crate::grpo::GrpoConfig`], which converts into it).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BatchConfig {
+    /// Divide centred rewards by the group's std (`false`: centre only).
+    pub scale_by_std: bool,
+    /// Added to the std before dividing.
+    pub advantage_eps: f32,
+    /// Give samples that hit the length limit zero loss weight.
+    pub mask_truncated: bool,
+    /// Token- or sequence-level aggregation (decides the loss denominator).
+    pub aggregation: LossAggregation,
+}
 
 /// One sample, ready to be padded.
 #[derive(Debug, Clone, PartialEq)]
@@ -104,7 +129,8 @@ pub fn group_advantages(rewards: &[f32], scale_by_std: bool, eps: f32) -> Vec<f3
 impl GrpoBatch {
     /// Builds the batch. The groups must already have passed [`crate::filter::GroupFilter`]
     /// (consistent lengths are re-checked here because a mismatch would misalign targets).
-    pub fn from_groups(groups: &[RolloutGroup], cfg: &GrpoConfig) -> Result<Self> {
+    pub fn from_groups(groups: &[RolloutGroup], cfg: impl Into<BatchConfig>) -> Result<Self> {
+        let cfg: BatchConfig = cfg.into();
         let mut rows = Vec::new();
         for group in groups {
             let rewards: Vec<f32> = group.samples.iter().map(|s| s.reward).collect();
@@ -240,6 +266,8 @@ impl GrpoBatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+    // Test-only: batches built from the objective's default settings.
+    use crate::grpo::GrpoConfig;
     use cascade_shared::{Mode, Sample, SampleTiming, StageKind, VersionSpan};
 
     fn sample(ids: &[u32], reward: f32, finish: FinishReason) -> Sample {

@@ -26,7 +26,10 @@ pub enum LearnerError {
         #[source]
         source: serde_json::Error,
     },
-    /// A safetensors file is malformed or does not hold what it must.
+    /// A snapshot, a safetensors file or a published directory could not be read or written.
+    #[error(transparent)]
+    Snapshot(#[from] cascade_shared::snapshot::SnapshotError),
+    /// A safetensors file is malformed or does not hold what it must (optimizer state).
     #[error("{path}: {reason}")]
     Safetensors {
         /// The file.
@@ -34,20 +37,20 @@ pub enum LearnerError {
         /// What is wrong with it.
         reason: String,
     },
-    /// A snapshot directory is incomplete or fails its checksums.
-    #[error("snapshot {path}: {reason}")]
-    CorruptSnapshot {
-        /// The snapshot directory.
-        path: PathBuf,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// No complete snapshot exists under the directory.
-    #[error("no complete snapshot under {0}")]
-    NoSnapshot(PathBuf),
+    /// What the learner was given to publish is not publishable (e.g. a clashing file name).
+    #[error("invalid snapshot input: {0}")]
+    InvalidSnapshotInput(String),
+    /// A run directory holds a run the options do not allow to touch (e.g. snapshots exist
+    /// but `resume` was not asked for).
+    #[error("{0}")]
+    RunDir(String),
     /// A batch or micro-batch is empty or inconsistent.
     #[error("invalid batch: {0}")]
     InvalidBatch(String),
+    /// A library function was called with arguments that cannot work together (a bug in the
+    /// caller, not in the user's configuration).
+    #[error("invalid call: {0}")]
+    InvalidCall(String),
     /// A configuration value is out of range.
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
@@ -72,12 +75,24 @@ pub enum LearnerError {
         /// What is wrong with it.
         reason: String,
     },
-    /// The model, tokenizer or chat template failed (from `cascade-shared`).
-    #[error("{0}")]
-    Model(String),
+    /// The model failed to load or run (from `cascade-shared`).
+    #[error(transparent)]
+    Model(#[from] cascade_shared::model::ModelError),
+    /// The run's initial model could not be built.
+    #[error(transparent)]
+    InitialModel(#[from] cascade_shared::model::InitialModelError),
+    /// The tokenizer or chat template failed (from `cascade-shared`).
+    #[error(transparent)]
+    Chat(#[from] cascade_shared::chat::ChatError),
     /// The rollout transport (replay log) failed.
     #[error("replay: {0}")]
-    Transport(String),
+    Transport(#[from] cascade_shared::transport::TransportError),
+    /// A saved state (RNG position, replay cursors) does not parse.
+    #[error("snapshot state: {0}")]
+    State(String),
+    /// A lock was poisoned by a panic in another thread.
+    #[error("{0}: lock poisoned by a panicked thread")]
+    Poisoned(&'static str),
     /// The run was asked to stop (SIGTERM/SIGINT) while waiting.
     #[error("stopped by a signal")]
     Stopped,
@@ -104,21 +119,9 @@ impl LearnerError {
     }
 }
 
-impl From<cascade_shared::model::ModelError> for LearnerError {
-    fn from(e: cascade_shared::model::ModelError) -> Self {
-        LearnerError::Model(e.to_string())
-    }
-}
-
-impl From<cascade_shared::chat::ChatError> for LearnerError {
-    fn from(e: cascade_shared::chat::ChatError) -> Self {
-        LearnerError::Model(e.to_string())
-    }
-}
-
-impl From<cascade_shared::transport::TransportError> for LearnerError {
-    fn from(e: cascade_shared::transport::TransportError) -> Self {
-        LearnerError::Transport(e.to_string())
+impl From<cascade_shared::rng::BadRngState> for LearnerError {
+    fn from(e: cascade_shared::rng::BadRngState) -> Self {
+        LearnerError::State(e.to_string())
     }
 }
 

@@ -1,8 +1,20 @@
-//! Which rollout groups the learner trains on. Every drop is decided here, once, and counted.
+//! Which rollout groups the learner trains on. Every decision is taken here, once, and counted
+//! in [`FilterMetrics`] (published in every snapshot's state).
 //!
-//! Order of the checks in [`GroupFilter::admit`]: malformed input first (so a bad record is
-//! always reported as bad, whatever its age), then staleness ([`is_stale`], the only place that
-//! decides it), then dynamic filtering (all rewards equal ⇒ zero advantage ⇒ no signal).
+//! Order of the checks in [`GroupFilter::admit`]: the stage first (groups made for another
+//! stage are skipped), then malformed input (so a bad record is always reported as bad,
+//! whatever its age), then duplicates (a restarted actor regenerates exactly the groups it
+//! wrote before it died: same weights, same keys; they must not count twice), then staleness
+//! ([`is_stale`], the only place that decides it), then dynamic filtering (all rewards equal ⇒
+//! zero advantage ⇒ no signal).
+//!
+//! The one exception to dynamic filtering is also decided here: after `no_signal_groups`
+//! equal-reward groups in a row, [`GroupFilter::no_signal_due`] says that a step should be
+//! completed with such groups (zero advantages, weights unchanged), so that a stage whose task
+//! the model always (or never) solves still ends in bounded time.
+
+pub use cascade_shared::snapshot::FilterMetrics;
+use std::collections::HashSet;
 
 use cascade_shared::RolloutGroup;
 use serde::{Deserialize, Serialize};
@@ -19,6 +31,10 @@ pub struct FilterConfig {
     pub drop_equal_rewards: bool,
     /// The model's vocabulary size: token ids must be below it.
     pub vocab_size: u32,
+    /// The stage being trained: groups made for another stage are skipped.
+    pub stage_index: u32,
+    /// Equal-reward groups in a row after which a no-signal step is due (0 = never).
+    pub no_signal_groups: u64,
 }
 
 impl FilterConfig {
@@ -34,6 +50,13 @@ impl FilterConfig {
 /// Why a group was not trained on.
 #[derive(Debug, Clone, PartialEq)]
 pub enum DropReason {
+    /// Made for another stage than the one being trained (e.g. in flight at a stage switch).
+    OtherStage {
+        /// The group's stage index.
+        group_stage: u32,
+    },
+    /// The same content as a group already decided at this version.
+    Duplicate,
     /// Produced (in part) by a policy more than `max_staleness` versions old.
     Stale {
         /// Oldest policy version in the group.
@@ -96,6 +119,10 @@ pub enum BadInput {
 impl std::fmt::Display for DropReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            DropReason::OtherStage { group_stage } => {
+                write!(f, "made for stage {group_stage}, not the current one")
+            }
+            DropReason::Duplicate => f.write_str("duplicate of a group already decided"),
             DropReason::Stale {
                 group_version,
                 current_version,
@@ -136,47 +163,6 @@ impl std::fmt::Display for DropReason {
                 ),
             },
         }
-    }
-}
-
-/// Counters of every decision, serialised into the snapshot's state.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FilterMetrics {
-    /// Groups seen.
-    pub seen: u64,
-    /// Groups kept for training.
-    pub kept: u64,
-    /// Dropped as stale.
-    pub stale: u64,
-    /// Dropped by dynamic filtering.
-    pub equal_rewards: u64,
-    /// Rejected: no samples.
-    pub bad_no_samples: u64,
-    /// Rejected: token id outside the vocabulary.
-    pub bad_token: u64,
-    /// Rejected: log-prob count ≠ token count.
-    pub bad_logprob_count: u64,
-    /// Rejected: NaN/inf reward.
-    pub bad_reward: u64,
-    /// Rejected: NaN/+inf behaviour log-prob.
-    pub bad_logprob: u64,
-    /// Rejected: version newer than the learner's.
-    pub bad_future_version: u64,
-    /// Rejected: sampling temperature not a finite positive number.
-    #[serde(default)]
-    pub bad_temperature: u64,
-}
-
-impl FilterMetrics {
-    /// All rejected-as-malformed groups.
-    pub fn bad_input(&self) -> u64 {
-        self.bad_no_samples
-            + self.bad_token
-            + self.bad_logprob_count
-            + self.bad_reward
-            + self.bad_logprob
-            + self.bad_future_version
-            + self.bad_temperature
     }
 }
 
@@ -239,27 +225,69 @@ pub fn check_input(
     Ok(())
 }
 
+/// A hash of what a group contains (prompt, responses, versions): equal for a group an actor
+/// regenerated after a restart.
+pub fn content_hash(g: &RolloutGroup) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (g.stage_index, g.prompt_id, g.actor_id, &g.prompt_ids).hash(&mut h);
+    for s in &g.samples {
+        s.response_ids.hash(&mut h);
+        for v in &s.policy_versions {
+            (v.start_token, v.version).hash(&mut h);
+        }
+    }
+    h.finish()
+}
+
 /// Applies the checks and keeps the counts.
 #[derive(Debug, Clone)]
 pub struct GroupFilter {
     cfg: FilterConfig,
     metrics: FilterMetrics,
+    /// Content hashes of the groups decided at version `decided_at`.
+    decided: HashSet<u64>,
+    decided_at: Option<u64>,
+    /// Equal-reward groups since the last admitted one.
+    equal_in_a_row: u64,
 }
 
 impl GroupFilter {
     /// A filter with zeroed metrics.
     pub fn new(cfg: FilterConfig) -> Result<Self> {
+        Self::resume(cfg, FilterMetrics::default(), 0)
+    }
+
+    /// A filter continuing from saved metrics and equal-reward run length (resume).
+    pub fn resume(cfg: FilterConfig, metrics: FilterMetrics, equal_in_a_row: u64) -> Result<Self> {
         cfg.validate()?;
         Ok(GroupFilter {
             cfg,
-            metrics: FilterMetrics::default(),
+            metrics,
+            decided: HashSet::new(),
+            decided_at: None,
+            equal_in_a_row,
         })
     }
 
-    /// A filter continuing from saved metrics (resume).
-    pub fn with_metrics(cfg: FilterConfig, metrics: FilterMetrics) -> Result<Self> {
-        cfg.validate()?;
-        Ok(GroupFilter { cfg, metrics })
+    /// Equal-reward groups since the last admitted one (part of the resumable state).
+    pub fn equal_in_a_row(&self) -> u64 {
+        self.equal_in_a_row
+    }
+
+    /// Whether the step being filled should be completed with held equal-reward groups:
+    /// `no_signal_groups` of them came in a row and `available` (admitted + held) fill a
+    /// batch of `batch`.
+    pub fn no_signal_due(&self, available: usize, batch: usize) -> bool {
+        self.cfg.no_signal_groups > 0
+            && self.equal_in_a_row >= self.cfg.no_signal_groups
+            && available >= batch
+    }
+
+    /// Records that `n` held equal-reward groups were admitted to complete a no-signal step.
+    pub fn admit_no_signal(&mut self, n: usize) {
+        self.metrics.no_signal_admitted += n as u64;
+        self.equal_in_a_row = 0;
     }
 
     /// The settings.
@@ -280,14 +308,26 @@ impl GroupFilter {
         current_version: u64,
     ) -> std::result::Result<(), DropReason> {
         self.metrics.seen += 1;
+        if self.decided_at != Some(current_version) {
+            self.decided.clear();
+            self.decided_at = Some(current_version);
+        }
         let verdict = self.decide(group, current_version);
         match &verdict {
-            Ok(()) => self.metrics.kept += 1,
+            Ok(()) => {
+                self.metrics.kept += 1;
+                self.equal_in_a_row = 0;
+            }
             Err(reason) => {
                 let m = &mut self.metrics;
                 match reason {
+                    DropReason::OtherStage { .. } => m.other_stage += 1,
+                    DropReason::Duplicate => m.duplicate += 1,
                     DropReason::Stale { .. } => m.stale += 1,
-                    DropReason::EqualRewards => m.equal_rewards += 1,
+                    DropReason::EqualRewards => {
+                        m.equal_rewards += 1;
+                        self.equal_in_a_row += 1;
+                    }
                     DropReason::BadInput(b) => {
                         match b {
                             BadInput::NoSamples => m.bad_no_samples += 1,
@@ -317,11 +357,19 @@ impl GroupFilter {
     }
 
     fn decide(
-        &self,
+        &mut self,
         group: &RolloutGroup,
         current_version: u64,
     ) -> std::result::Result<(), DropReason> {
+        if group.stage_index != self.cfg.stage_index {
+            return Err(DropReason::OtherStage {
+                group_stage: group.stage_index,
+            });
+        }
         check_input(group, self.cfg.vocab_size, current_version).map_err(DropReason::BadInput)?;
+        if !self.decided.insert(content_hash(group)) {
+            return Err(DropReason::Duplicate);
+        }
         let group_version = group.min_policy_version();
         if is_stale(group_version, current_version, self.cfg.max_staleness) {
             return Err(DropReason::Stale {
@@ -377,6 +425,8 @@ mod tests {
             max_staleness,
             drop_equal_rewards: true,
             vocab_size: 10,
+            stage_index: 0,
+            no_signal_groups: 3,
         })
         .unwrap()
     }
@@ -473,5 +523,52 @@ mod tests {
         let mut g = group(&[0.0, 1.0], 0);
         g.samples[0].reward = f32::INFINITY;
         assert!(matches!(f.admit(&g, 10), Err(DropReason::BadInput(_))));
+    }
+
+    #[test]
+    fn other_stages_and_duplicates_are_counted_once_per_version() {
+        let mut f = filter(1);
+        let mut other = group(&[0.0, 1.0], 4);
+        other.stage_index = 2;
+        assert_eq!(
+            f.admit(&other, 4),
+            Err(DropReason::OtherStage { group_stage: 2 })
+        );
+        assert_eq!(f.admit(&group(&[0.0, 1.0], 4), 4), Ok(()));
+        assert_eq!(
+            f.admit(&group(&[0.0, 1.0], 4), 4),
+            Err(DropReason::Duplicate)
+        );
+        // At the next version the same content is a new decision (here: one version old).
+        assert_eq!(f.admit(&group(&[0.0, 1.0], 4), 5), Ok(()));
+        let m = f.metrics();
+        assert_eq!((m.seen, m.kept, m.other_stage, m.duplicate), (4, 2, 1, 1));
+    }
+
+    #[test]
+    fn no_signal_step_is_due_after_a_run_of_equal_rewards() {
+        let mut f = filter(0);
+        let equal = |f: &mut GroupFilter, id: u64| {
+            let mut g = group(&[1.0, 1.0], 3);
+            g.prompt_id = id;
+            assert_eq!(f.admit(&g, 3), Err(DropReason::EqualRewards));
+        };
+        equal(&mut f, 1);
+        equal(&mut f, 2);
+        assert!(!f.no_signal_due(2, 2), "two in a row, three needed");
+        equal(&mut f, 3);
+        assert!(
+            !f.no_signal_due(1, 2),
+            "not enough groups to fill the batch"
+        );
+        assert!(f.no_signal_due(2, 2));
+        f.admit_no_signal(2);
+        assert!(!f.no_signal_due(2, 2));
+        assert_eq!(f.metrics().no_signal_admitted, 2);
+        // An admitted group also breaks the run.
+        equal(&mut f, 4);
+        equal(&mut f, 5);
+        assert_eq!(f.admit(&group(&[0.0, 1.0], 3), 3), Ok(()));
+        assert_eq!(f.equal_in_a_row(), 0);
     }
 }

@@ -22,19 +22,9 @@
 use candle_core::{DType, Tensor, D};
 use serde::{Deserialize, Serialize};
 
-use crate::batch::{LossNormaliser, MicroBatch};
+pub use crate::batch::LossAggregation;
+use crate::batch::{BatchConfig, LossNormaliser, MicroBatch};
 use crate::error::{LearnerError, Result};
-
-/// How per-token losses are reduced to one number.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum LossAggregation {
-    /// Sum over all response tokens of the batch / their count (the paper's default).
-    #[default]
-    Token,
-    /// Mean per sequence, then mean over sequences.
-    Sequence,
-}
 
 /// GRPO settings of one stage.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -69,6 +59,17 @@ impl Default for GrpoConfig {
             kl_coef: 0.0,
             aggregation: LossAggregation::Token,
             mask_truncated: true,
+        }
+    }
+}
+
+impl From<&GrpoConfig> for BatchConfig {
+    fn from(cfg: &GrpoConfig) -> Self {
+        BatchConfig {
+            scale_by_std: cfg.scale_by_std,
+            advantage_eps: cfg.advantage_eps,
+            mask_truncated: cfg.mask_truncated,
+            aggregation: cfg.aggregation,
         }
     }
 }

@@ -1,11 +1,14 @@
 //! cascade-learner: GRPO, SFT and reward-model training, AdamW, snapshot publishing and resume.
 //!
 //! The pieces, in the order a GRPO step uses them:
-//! [`filter::GroupFilter`] (bad input, staleness, dynamic filtering) →
+//! [`filter::GroupFilter`] (the one place that decides admission: stage, bad input,
+//! duplicates, staleness, dynamic filtering, no-signal steps) →
 //! [`batch::GrpoBatch`] (advantages, padding, micro-batches) →
 //! [`train_step::accumulate_grpo_gradients`] ([`grpo::grpo_loss`] per micro-batch on a
 //! [`PolicyModel`]) → [`optim::AdamW::step`] with [`schedule::LrSchedule`] →
-//! [`snapshot::publish`] every `publish_every` steps.
+//! [`snapshot::publish`] every `publish_every` steps. [`run`] is the stage controller of the
+//! learner process; the snapshot format itself (layout, verification, the published
+//! [`cascade_shared::snapshot::LearnerState`]) is in `cascade-shared`, shared with the actors.
 #![warn(missing_docs)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
@@ -14,25 +17,19 @@ pub mod error;
 pub mod filter;
 pub mod grpo;
 pub mod optim;
-pub mod outcomes;
 pub mod policy;
 pub mod reward_run;
 pub mod reward_train;
-pub mod rng;
 pub mod run;
 pub mod schedule;
 pub mod sft;
 pub mod snapshot;
-pub mod state;
-pub mod tensor_io;
 pub mod train_step;
 
-pub use batch::{GrpoBatch, LossNormaliser, MicroBatch};
+pub use batch::{BatchConfig, GrpoBatch, LossNormaliser, MicroBatch};
 pub use error::{LearnerError, Result};
 pub use filter::{DropReason, FilterConfig, FilterMetrics, GroupFilter};
 pub use grpo::{GrpoConfig, GrpoStats, LossAggregation};
 pub use optim::{AdamW, AdamWConfig, StepOutcome};
-pub use outcomes::{OutcomeConfig, PromptTracker};
 pub use policy::PolicyModel;
 pub use schedule::{LrSchedule, ScheduleKind};
-pub use state::LearnerState;

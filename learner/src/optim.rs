@@ -25,8 +25,9 @@ use candle_nn::VarMap;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{LearnerError, Result};
-use crate::tensor_io::{
-    read_safetensors, read_safetensors_metadata, write_safetensors, FileDigest,
+use cascade_shared::snapshot::durable::FileDigest;
+use cascade_shared::snapshot::tensors::{
+    read_safetensors, read_safetensors_metadata, write_safetensors,
 };
 
 /// Value of the `format` metadata key of `optimizer.safetensors`.
@@ -166,7 +167,7 @@ impl AdamW {
         let mut params = params;
         params.sort_by(|a, b| a.0.cmp(&b.0));
         if let Some(w) = params.windows(2).find(|w| w[0].0 == w[1].0) {
-            return Err(LearnerError::InvalidConfig(format!(
+            return Err(LearnerError::InvalidCall(format!(
                 "parameter {} listed twice",
                 w[0].0
             )));
@@ -204,7 +205,7 @@ impl AdamW {
         let vars = varmap
             .data()
             .lock()
-            .map_err(|_| LearnerError::InvalidConfig("VarMap lock poisoned".into()))?
+            .map_err(|_| LearnerError::Poisoned("the model's variables"))?
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
@@ -379,7 +380,7 @@ impl AdamW {
                 .map_err(|e| LearnerError::json(path, e))?,
             ),
         ]);
-        write_safetensors(path, &tensors, &meta)
+        Ok(write_safetensors(path, &tensors, &meta)?)
     }
 
     /// Restores moments, master weights and counters written by [`AdamW::save`] for the same

@@ -40,9 +40,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{LearnerError, Result};
 use crate::optim::{AdamW, AdamWConfig, StepOutcome};
-use crate::rng;
 use crate::schedule::{LrSchedule, ScheduleKind};
-use crate::tensor_io::write_safetensors;
+use cascade_shared::rng;
+use cascade_shared::snapshot::tensors::write_safetensors;
 
 /// Name of the scalar head tensor (as the actor's `RewardModel` and transformers'
 /// `*ForSequenceClassification` call it).

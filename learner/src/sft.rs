@@ -28,7 +28,7 @@ use serde_json::Value;
 
 use crate::error::{LearnerError, Result};
 use crate::optim::AdamW;
-use crate::rng::seeded;
+use cascade_shared::rng::seeded;
 
 /// One tokenized conversation.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -27,7 +27,7 @@ where
     R: PolicyModel + ?Sized,
 {
     if cfg.kl_coef > 0.0 && reference.is_none() {
-        return Err(LearnerError::InvalidConfig(
+        return Err(LearnerError::InvalidCall(
             "kl_coef > 0 needs a reference model".into(),
         ));
     }

@@ -26,6 +26,8 @@ fn grpo_gradients_match_pytorch_reference() -> Result<()> {
         max_staleness: 0,
         drop_equal_rewards: true,
         vocab_size: 32,
+        stage_index: groups[0].stage_index,
+        no_signal_groups: 0,
     })?;
     for g in &groups {
         filter.admit(g, 3).map_err(|r| anyhow::anyhow!("{r}"))?;

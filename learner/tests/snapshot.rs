@@ -7,13 +7,13 @@ use std::path::Path;
 use anyhow::Result;
 use candle_core::{Device, Tensor};
 use candle_nn::VarMap;
-use cascade_learner::snapshot::{
-    latest_complete, load_snapshot, publish, read_latest, restore_varmap, retain, verify,
-    SnapshotInput, COMPLETE_FILE, MODEL_FILE, OPTIMIZER_FILE,
-};
-use cascade_learner::state::{LearnerState, STATE_FORMAT_VERSION};
+use cascade_learner::snapshot::{latest_complete, publish, restore_varmap, retain, SnapshotInput};
 use cascade_learner::train_step::accumulate_grpo_gradients;
-use cascade_learner::{rng, AdamW, AdamWConfig, FilterMetrics, GrpoBatch, GrpoConfig, PolicyModel};
+use cascade_learner::{AdamW, AdamWConfig, GrpoBatch, GrpoConfig, PolicyModel};
+use cascade_shared::snapshot::{
+    load_snapshot, read_latest, verify, FilterMetrics, LearnerState, StageProgress, COMPLETE_FILE,
+    MODEL_FILE, OPTIMIZER_FILE, STATE_FORMAT_VERSION,
+};
 use cascade_shared::RolloutGroup;
 use common::{fixture_dir, stand_in, varmap_from};
 
@@ -34,9 +34,11 @@ fn state(step: u64) -> LearnerState {
         policy_version: step,
         stage_index: 1,
         stage_step: step,
-        rng: rng::RngState::capture(&rng::seeded(step)),
         replay_cursors: serde_json::json!({"actor-0": {"segment": 2, "offset": 4096}}),
-        curriculum: serde_json::json!({"max_response_tokens_index": 0}),
+        stage_progress: StageProgress {
+            reference_version: Some(step / 2),
+            equal_in_a_row: 1,
+        },
         filter_metrics: FilterMetrics {
             seen: step,
             ..FilterMetrics::default()

@@ -129,32 +129,41 @@ mod x86 {
         }
     }
 
+    /// The 64 bytes at `p`.
+    ///
+    /// # Safety
+    /// `p` must be valid for reads of 64 bytes; the CPU must have AVX-512F.
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn load(p: *const u8) -> __m512i {
-        _mm512_loadu_si512(p.cast())
+        // SAFETY: `p` is readable for 64 bytes (contract); the unaligned load has no alignment
+        // requirement.
+        unsafe { _mm512_loadu_si512(p.cast()) }
     }
 
+    /// The fold constants `k` broadcast to every 128-bit lane. Safe to call wherever the
+    /// features are enabled: it touches registers only.
     #[inline]
     #[target_feature(enable = "avx512f,avx512vl,vpclmulqdq")]
-    unsafe fn keys512(k: (u64, u64)) -> __m512i {
+    fn keys512(k: (u64, u64)) -> __m512i {
         _mm512_broadcast_i32x4(_mm_set_epi64x(k.1 as i64, k.0 as i64))
     }
 
-    /// `z` moved forward by the distance of `k`, plus `next`, in each 128-bit lane.
+    /// `z` moved forward by the distance of `k`, plus `next`, in each 128-bit lane (registers
+    /// only).
     #[inline]
     #[target_feature(enable = "avx512f,avx512vl,vpclmulqdq")]
-    unsafe fn fold512(z: __m512i, k: __m512i, next: __m512i) -> __m512i {
+    fn fold512(z: __m512i, k: __m512i, next: __m512i) -> __m512i {
         let lo = _mm512_clmulepi64_epi128(z, k, 0x00);
         let hi = _mm512_clmulepi64_epi128(z, k, 0x11);
         // a ^ b ^ c
         _mm512_ternarylogic_epi64(lo, hi, next, 0x96)
     }
 
-    /// `x` moved forward by the distance of `k` (128-bit register).
+    /// `x` moved forward by the distance of `k` (128-bit register; registers only).
     #[inline]
     #[target_feature(enable = "pclmulqdq,sse2")]
-    unsafe fn fold128(x: __m128i, k: (u64, u64)) -> __m128i {
+    fn fold128(x: __m128i, k: (u64, u64)) -> __m128i {
         let k = _mm_set_epi64x(k.1 as i64, k.0 as i64);
         _mm_xor_si128(
             _mm_clmulepi64_si128(x, k, 0x00),
@@ -171,15 +180,26 @@ mod x86 {
 
     /// The 64 bytes at `p` (inside `data`, which starts at `base`), stored to `dst` as `MODE`
     /// says.
+    ///
+    /// # Safety
+    /// `p..p + 64` must lie inside the slice that starts at `base`; for `COPY` and `STREAM`,
+    /// `dst` must be valid for writes of that slice's length and not overlap it, and for
+    /// `STREAM` be 64-byte aligned; the CPU must have AVX-512F.
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn take<const MODE: u8>(p: *const u8, base: *const u8, dst: *mut u8) -> __m512i {
-        let v = load(p);
-        let to = || dst.add(p.offset_from(base) as usize);
+        // SAFETY: `p` is readable for 64 bytes (contract).
+        let v = unsafe { load(p) };
+        // SAFETY: `p` and `base` point into the same slice with `base <= p` (contract), so the
+        // offset is in range, and `dst` has room for the whole slice.
+        let to = || unsafe { dst.add(p.offset_from(base) as usize) };
         if MODE == COPY {
-            _mm512_storeu_si512(to().cast(), v);
+            // SAFETY: the 64 bytes at `to()` are inside `dst`'s valid range (above).
+            unsafe { _mm512_storeu_si512(to().cast(), v) };
         } else if MODE == STREAM {
-            _mm512_stream_si512(to().cast(), v);
+            // SAFETY: as for `COPY`; `dst` and every block offset are multiples of 64 (the
+            // blocks start at multiples of 64 from `base`), as the aligned streaming store needs.
+            unsafe { _mm512_stream_si512(to().cast(), v) };
         }
         v
     }
@@ -190,7 +210,8 @@ mod x86 {
     /// The CPU must have AVX-512F/VL, VPCLMULQDQ, PCLMULQDQ and SSE4.2 ([`available`]).
     #[target_feature(enable = "avx512f,avx512vl,vpclmulqdq,pclmulqdq,sse4.2")]
     pub(super) unsafe fn crc32c_avx512(crc: u32, data: &[u8]) -> u32 {
-        fold::<READ>(crc, data, std::ptr::null_mut())
+        // SAFETY: `READ` never touches `dst`; the CPU features are this function's contract.
+        unsafe { fold::<READ>(crc, data, std::ptr::null_mut()) }
     }
 
     /// [`crc32c_avx512`] that also copies `data` to `dst`.
@@ -200,7 +221,8 @@ mod x86 {
     /// overlap `data`.
     #[target_feature(enable = "avx512f,avx512vl,vpclmulqdq,pclmulqdq,sse4.2")]
     pub(super) unsafe fn crc32c_copy_avx512(crc: u32, data: &[u8], dst: *mut u8) -> u32 {
-        fold::<COPY>(crc, data, dst)
+        // SAFETY: `dst` is valid for `data.len()` bytes and does not overlap `data` (contract).
+        unsafe { fold::<COPY>(crc, data, dst) }
     }
 
     /// [`crc32c_copy_avx512`] with streaming stores, followed by a store fence.
@@ -210,29 +232,42 @@ mod x86 {
     #[target_feature(enable = "avx512f,avx512vl,vpclmulqdq,pclmulqdq,sse4.2")]
     pub(super) unsafe fn crc32c_copy_nt_avx512(crc: u32, data: &[u8], dst: *mut u8) -> u32 {
         debug_assert_eq!(dst as usize % 64, 0);
-        let crc = fold::<STREAM>(crc, data, dst);
+        // SAFETY: `dst` is valid for `data.len()` bytes, not overlapping `data`, and 64-byte
+        // aligned (contract).
+        let crc = unsafe { fold::<STREAM>(crc, data, dst) };
         // Streaming stores are weakly ordered: without the fence a later (release) store could
         // become visible before them.
         _mm_sfence();
         crc
     }
 
+    /// The CRC of `data` appended to `crc`, each 64-byte block also stored to `dst` as `MODE`
+    /// says.
+    ///
+    /// # Safety
+    /// `data` has at least [`MIN_LEN`] bytes; for `COPY` and `STREAM`, `dst` must be valid for
+    /// writes of `data.len()` bytes and not overlap `data`, and for `STREAM` be 64-byte
+    /// aligned; the CPU must have every feature the function is compiled for.
     #[inline]
     #[target_feature(enable = "avx512f,avx512vl,vpclmulqdq,pclmulqdq,sse4.2")]
     unsafe fn fold<const MODE: u8>(crc: u32, data: &[u8], dst: *mut u8) -> u32 {
-        debug_assert!(data.len() >= MIN_LEN);
+        assert!(data.len() >= MIN_LEN, "the fold needs {MIN_LEN} bytes");
         let base = data.as_ptr();
-        let load = |p| take::<MODE>(p, base, dst);
+        // SAFETY: every `load` below reads a block inside `data`: `left` is the number of bytes
+        // from `p` to the end of `data`, every step loads only blocks it has checked `left`
+        // for, and `p` advances by what it consumed; `dst` satisfies `take`'s contract by this
+        // function's contract; the CPU features are this function's contract.
+        let load = |p| unsafe { take::<MODE>(p, base, dst) };
         let mut p = data.as_ptr();
         let mut left = data.len();
         // The CRC register (!crc, as the crc32c crate keeps it) enters as the first 4 bytes'
         // xor; from then on the fold works as if from a zero register.
         let init = _mm512_inserti32x4(_mm512_setzero_si512(), _mm_cvtsi32_si128(!crc as i32), 0);
         let mut z0 = _mm512_xor_si512(load(p), init);
-        let mut z1 = load(p.add(64));
-        let mut z2 = load(p.add(128));
-        let mut z3 = load(p.add(192));
-        p = p.add(256);
+        let mut z1 = load(p.wrapping_add(64));
+        let mut z2 = load(p.wrapping_add(128));
+        let mut z3 = load(p.wrapping_add(192));
+        p = p.wrapping_add(256);
         left -= 256;
         let k2048 = keys512(K2048);
         if MODE == READ {
@@ -241,24 +276,24 @@ mod x86 {
             // misses in flight than the hardware prefetcher does (about +25 % on 64 MiB of
             // 256 KiB records, see the bench's kernel table). Only inside `data`.
             while left >= 256 + PREFETCH {
-                _mm_prefetch::<_MM_HINT_T0>(p.add(PREFETCH).cast());
-                _mm_prefetch::<_MM_HINT_T0>(p.add(PREFETCH + 64).cast());
-                _mm_prefetch::<_MM_HINT_T0>(p.add(PREFETCH + 128).cast());
-                _mm_prefetch::<_MM_HINT_T0>(p.add(PREFETCH + 192).cast());
+                for ahead in [0, 64, 128, 192] {
+                    // A hint only: it never faults.
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH + ahead).cast());
+                }
                 z0 = fold512(z0, k2048, load(p));
-                z1 = fold512(z1, k2048, load(p.add(64)));
-                z2 = fold512(z2, k2048, load(p.add(128)));
-                z3 = fold512(z3, k2048, load(p.add(192)));
-                p = p.add(256);
+                z1 = fold512(z1, k2048, load(p.wrapping_add(64)));
+                z2 = fold512(z2, k2048, load(p.wrapping_add(128)));
+                z3 = fold512(z3, k2048, load(p.wrapping_add(192)));
+                p = p.wrapping_add(256);
                 left -= 256;
             }
         }
         while left >= 256 {
             z0 = fold512(z0, k2048, load(p));
-            z1 = fold512(z1, k2048, load(p.add(64)));
-            z2 = fold512(z2, k2048, load(p.add(128)));
-            z3 = fold512(z3, k2048, load(p.add(192)));
-            p = p.add(256);
+            z1 = fold512(z1, k2048, load(p.wrapping_add(64)));
+            z2 = fold512(z2, k2048, load(p.wrapping_add(128)));
+            z3 = fold512(z3, k2048, load(p.wrapping_add(192)));
+            p = p.wrapping_add(256);
             left -= 256;
         }
         let k512 = keys512(K512);
@@ -267,13 +302,15 @@ mod x86 {
         z = fold512(z, k512, z3);
         while left >= 64 {
             z = fold512(z, k512, load(p));
-            p = p.add(64);
+            p = p.wrapping_add(64);
             left -= 64;
         }
         if MODE != READ {
             // What the 16-byte steps and the tail below read is not stored from registers.
-            let done = p.offset_from(base) as usize;
-            std::ptr::copy_nonoverlapping(p, dst.add(done), data.len() - done);
+            let done = data.len() - left;
+            // SAFETY: the last `left` bytes of `data` (at `p`), to the same offset of `dst`,
+            // which is valid for `data.len()` bytes (contract).
+            unsafe { std::ptr::copy_nonoverlapping(p, dst.add(done), left) };
         }
         // Four 128-bit lanes to one: lane i moves forward by (3 - i) × 128 bits.
         let l0 = _mm512_extracti32x4_epi32(z, 0);
@@ -285,8 +322,9 @@ mod x86 {
             _mm_xor_si128(fold128(l2, K128), l3),
         );
         while left >= 16 {
-            x = _mm_xor_si128(fold128(x, K128), _mm_loadu_si128(p.cast()));
-            p = p.add(16);
+            // SAFETY: 16 bytes of `data` are left at `p`.
+            x = _mm_xor_si128(fold128(x, K128), unsafe { _mm_loadu_si128(p.cast()) });
+            p = p.wrapping_add(16);
             left -= 16;
         }
         // The 16 bytes left stand for everything so far: run them through the CRC register
@@ -294,7 +332,7 @@ mod x86 {
         let lo = _mm_cvtsi128_si64(x) as u64;
         let hi = _mm_extract_epi64(x, 1) as u64;
         let reg = _mm_crc32_u64(_mm_crc32_u64(0, lo), hi) as u32;
-        crc32c::crc32c_append(!reg, std::slice::from_raw_parts(p, left))
+        crc32c::crc32c_append(!reg, &data[data.len() - left..])
     }
 }
 

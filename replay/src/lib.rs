@@ -138,6 +138,7 @@
 //! machine. The median latency is well under its 50 µs.
 #![warn(missing_docs)]
 #![warn(clippy::undocumented_unsafe_blocks)]
+#![deny(unsafe_op_in_unsafe_fn)]
 
 mod crc;
 mod cursor;

@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use cascade_rewards::code::{CodeConfig, Job, Sandbox, SandboxConfig};
-use cascade_rewards::{split_response, CodeVerifier, Verifier};
+use cascade_rewards::{CodeVerifier, Verifier};
+use cascade_shared::chat::split_response;
 use serde_json::{json, Value};
 
 fn problems() -> Vec<Value> {

@@ -12,7 +12,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use cascade_rewards::math::MathConfig;
-use cascade_rewards::{split_response, IfEvalVerifier, MathVerifier, Verifier};
+use cascade_rewards::{IfEvalVerifier, MathVerifier, Verifier};
+use cascade_shared::chat::split_response;
 use serde_json::{json, Value};
 
 fn fixture(rel: &str) -> Vec<Value> {

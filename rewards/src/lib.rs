@@ -1,6 +1,8 @@
 //! cascade-rewards: one verifier per cascade stage (math, instruction following, sandboxed code,
-//! SWE patches), each usable alone. No candle dependency; the reward-model verifier, which needs
-//! the model, lives in the actor crate and implements the same [`Verifier`] trait.
+//! SWE patches), each usable alone. Verifiers see a response already split into thinking and
+//! final answer by the chat format ([`cascade_shared::chat::split_response`]); the
+//! reward-model verifier, which needs the model, lives in the actor crate and implements the
+//! same [`Verifier`] trait.
 #![warn(missing_docs)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
@@ -11,10 +13,10 @@ pub mod response;
 pub mod score;
 pub mod swe;
 
+pub use cascade_shared::chat::SplitResponse;
 pub use code::CodeVerifier;
 pub use ifeval::IfEvalVerifier;
 pub use math::MathVerifier;
-pub use response::{split_response, SplitResponse};
 pub use score::Scorer;
 pub use swe::SweVerifier;
 

@@ -12,7 +12,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use serde_json::{json, Value};
 
-use crate::{split_response, Verifier};
+use cascade_shared::chat::split_response;
+
+use crate::Verifier;
 
 /// Domain name → verifier, plus domains known to be unavailable and why.
 #[derive(Default)]

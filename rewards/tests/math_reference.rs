@@ -8,7 +8,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use cascade_rewards::math::{extract::last_boxed, MathConfig};
-use cascade_rewards::{split_response, MathVerifier, Verifier};
+use cascade_rewards::{MathVerifier, Verifier};
+use cascade_shared::chat::split_response;
 use serde_json::{json, Value};
 
 /// Known disagreements: (gold, boxed content of the response, math-verify's verdict, reason).

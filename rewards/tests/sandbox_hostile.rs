@@ -8,7 +8,8 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use cascade_rewards::code::CodeConfig;
-use cascade_rewards::{split_response, CodeVerifier, Reward, Verifier};
+use cascade_rewards::{CodeVerifier, Reward, Verifier};
+use cascade_shared::chat::split_response;
 use serde_json::{json, Value};
 
 const CORRECT: &str = "\ndef add(a, b):\n    return a + b\n";

@@ -4,7 +4,8 @@
 use anyhow::{Context, Result};
 use cascade_rewards::swe::similarity::matching_chars;
 use cascade_rewards::swe::{lexical_similarity, parse_diff, str_ratio};
-use cascade_rewards::{split_response, SweVerifier, Verifier};
+use cascade_rewards::{SweVerifier, Verifier};
+use cascade_shared::chat::split_response;
 use serde_json::{json, Value};
 
 fn fixture(name: &str) -> Result<Vec<Value>> {

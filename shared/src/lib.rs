@@ -1,6 +1,7 @@
 //! cascade-shared: what every cascade process needs — the run configuration, the Qwen3-family
 //! model in candle (training and decode paths), the tokenizer and chat template, the rollout
-//! record schema and the transport traits.
+//! record schema and the transport traits, the snapshot format that the learner publishes and
+//! the actors read, the published learner state and the prompt tracker both sides keep.
 #![warn(missing_docs)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
@@ -9,7 +10,11 @@ pub mod config;
 pub mod device;
 pub mod metrics;
 pub mod model;
+pub mod outcomes;
+pub mod reward_head;
+pub mod rng;
 pub mod rollout;
+pub mod snapshot;
 pub mod tokenizer;
 pub mod transport;
 

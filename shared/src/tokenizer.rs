@@ -7,8 +7,10 @@
 //! rest of the system needs (`<|im_start|>`, `<|im_end|>`, `<think>`, `</think>`, EOS, pad) are
 //! looked up once.
 
+mod chatml;
 mod tiny;
 
+pub use chatml::CHATML_TEMPLATE;
 pub use tiny::{
     tiny_tokenizer, tiny_tokenizer_config, train_tiny_bpe, write_tiny_tokenizer,
     write_tokenizer_with_tiny_config, TINY_SPECIAL_TOKENS,

@@ -6,7 +6,7 @@
 //! or the learner.
 
 use std::collections::VecDeque;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use cascade_replay::{
@@ -51,28 +51,48 @@ pub trait RolloutSink {
 
 /// A group as the learner receives it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ReceivedGroup {
-    /// Actor (directory) that produced it.
+pub struct ReceivedGroup<M> {
+    /// The stream (actor directory) that produced it.
     pub actor: String,
-    /// Sequence number within that actor's stream.
+    /// Sequence number within that stream.
     pub seq: u64,
-    /// That actor's read position just after this group: a consumer that tracks what it has
-    /// really used (not just received) stores these, see [`RolloutSource::commit_at`].
-    pub cursor_after: cascade_replay::Cursor,
+    /// Where the group ends in its stream: a consumer that tracks what it has really used (not
+    /// just received) folds this into its own position with [`RolloutSource::advance`].
+    pub mark: M,
     /// The group.
     pub group: RolloutGroup,
 }
 
-/// Where the learner takes groups from.
+/// Records a source could not deliver and skipped (reported, never silent).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gap {
+    /// The stream.
+    pub actor: String,
+    /// First sequence number skipped.
+    pub from_seq: u64,
+    /// First sequence number delivered again.
+    pub to_seq: u64,
+}
+
+/// Where the learner takes groups from. Positions are opaque to the learner: it stores them in
+/// its snapshots and hands them back, nothing else.
 pub trait RolloutSource {
     /// A resumable position (stored in the learner's snapshots).
-    type Position: Serialize + DeserializeOwned + Clone;
+    type Position: Serialize + DeserializeOwned + Clone + Default + PartialEq + std::fmt::Debug;
+    /// Where one received group ends in its stream.
+    type Mark: Clone + std::fmt::Debug;
     /// The next available groups, waiting up to `timeout` for one; empty on timeout.
-    fn recv(&mut self, timeout: Duration) -> Result<Vec<ReceivedGroup>, TransportError>;
+    fn recv(&mut self, timeout: Duration)
+        -> Result<Vec<ReceivedGroup<Self::Mark>>, TransportError>;
+    /// Moves `position` past `group` (and everything before it in its stream).
+    fn advance(position: &mut Self::Position, group: &ReceivedGroup<Self::Mark>);
     /// Position just after the last group returned by `recv`.
     fn position(&self) -> Self::Position;
     /// Tells the producers that everything up to [`RolloutSource::position`] is consumed.
-    fn commit(&mut self) -> Result<(), TransportError>;
+    fn commit(&mut self) -> Result<(), TransportError> {
+        let position = self.position();
+        self.commit_at(&position)
+    }
     /// Tells the producers that everything up to `position` (at most
     /// [`RolloutSource::position`]) is consumed. A learner that buffers received groups commits
     /// the position of what its last snapshot covers, so that retention never deletes a
@@ -83,6 +103,11 @@ pub trait RolloutSource {
     /// does nothing.
     fn report_progress(&mut self, _position: &Self::Position) -> Result<(), TransportError> {
         Ok(())
+    }
+    /// Records skipped since the last call because they could no longer be read (see
+    /// [`Gap`]); the default source never skips.
+    fn take_gaps(&mut self) -> Vec<Gap> {
+        Vec::new()
     }
 }
 
@@ -120,8 +145,18 @@ impl RolloutSink for ReplaySink {
 }
 
 /// [`RolloutSource`] over every actor directory of the replay log.
+///
+/// When a stream's records were deleted before they were read (its cursor is lost: another
+/// consumer or an operator removed segments; the learner's own retention never does), the
+/// source reads on from the oldest record still on disk and reports the skipped range through
+/// [`RolloutSource::take_gaps`].
 pub struct ReplaySource {
     reader: ReplayReader,
+    /// How the reader was opened, to reopen it after a lost cursor.
+    root: PathBuf,
+    opts: ReaderOptions,
+    /// Skipped ranges not yet taken.
+    gaps: Vec<Gap>,
     /// Records read from the log but not yet returned (after a decode error).
     pending: VecDeque<Record>,
     /// Cursors just after the last record returned.
@@ -138,10 +173,14 @@ impl ReplaySource {
         position: Option<Cursors>,
     ) -> Result<ReplaySource, TransportError> {
         let consumer = opts.consumer.clone();
-        let reader = ReplayReader::open(root, opts, position.clone())?;
+        let root = root.as_ref().to_path_buf();
+        let reader = ReplayReader::open(&root, opts.clone(), position.clone())?;
         Ok(ReplaySource {
             consumer,
             reader,
+            root,
+            opts,
+            gaps: Vec::new(),
             pending: VecDeque::new(),
             position: position.unwrap_or_default(),
         })
@@ -153,12 +192,50 @@ impl ReplaySource {
     }
 }
 
+impl ReplaySource {
+    /// Reads the next records, recovering from lost cursors.
+    fn poll(&mut self, timeout: Duration) -> Result<Vec<Record>, TransportError> {
+        match self.reader.poll(timeout) {
+            Ok(records) => Ok(records),
+            Err(ReplayError::CursorLost {
+                actor,
+                next_seq,
+                oldest_seq,
+                ..
+            }) => {
+                tracing::warn!(
+                    "{actor}: records {next_seq}..{oldest_seq} were deleted before they were \
+                     read; continuing at {oldest_seq}"
+                );
+                self.gaps.push(Gap {
+                    actor: actor.clone(),
+                    from_seq: next_seq,
+                    to_seq: oldest_seq,
+                });
+                // Reopen at what was returned, without the lost stream's cursor: records read
+                // but not returned are read again, nothing returned is returned twice.
+                self.position.actors.remove(&actor);
+                self.pending.clear();
+                self.reader =
+                    ReplayReader::open(&self.root, self.opts.clone(), Some(self.position.clone()))?;
+                Ok(Vec::new())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
 impl RolloutSource for ReplaySource {
     type Position = Cursors;
+    type Mark = cascade_replay::Cursor;
 
-    fn recv(&mut self, timeout: Duration) -> Result<Vec<ReceivedGroup>, TransportError> {
+    fn recv(
+        &mut self,
+        timeout: Duration,
+    ) -> Result<Vec<ReceivedGroup<Self::Mark>>, TransportError> {
         if self.pending.is_empty() {
-            self.pending.extend(self.reader.poll(timeout)?);
+            let records = self.poll(timeout)?;
+            self.pending.extend(records);
         }
         let mut out = Vec::with_capacity(self.pending.len());
         while let Some(record) = self.pending.pop_front() {
@@ -170,7 +247,7 @@ impl RolloutSource for ReplaySource {
                     out.push(ReceivedGroup {
                         actor: record.actor.to_string(),
                         seq: record.seq,
-                        cursor_after: record.cursor_after,
+                        mark: record.cursor_after,
                         group,
                     });
                 }
@@ -195,14 +272,17 @@ impl RolloutSource for ReplaySource {
         Ok(out)
     }
 
+    fn advance(position: &mut Cursors, group: &ReceivedGroup<Self::Mark>) {
+        position.actors.insert(group.actor.clone(), group.mark);
+    }
+
     fn position(&self) -> Cursors {
+        // Only what was returned, not what is still pending.
         self.position.clone()
     }
 
-    fn commit(&mut self) -> Result<(), TransportError> {
-        // Publish only what was returned, not what is still pending.
-        let position = self.position.clone();
-        self.commit_at(&position)
+    fn take_gaps(&mut self) -> Vec<Gap> {
+        std::mem::take(&mut self.gaps)
     }
 
     fn report_progress(&mut self, position: &Cursors) -> Result<(), TransportError> {
@@ -319,5 +399,52 @@ mod tests {
         );
         let after = source.recv(Duration::from_millis(10)).unwrap();
         assert_eq!(after[0].group.prompt_id, 2);
+    }
+
+    #[test]
+    fn a_lost_cursor_is_reported_as_a_gap_and_reading_goes_on() {
+        let root = tempfile::tempdir().unwrap();
+        let opts = WriterOptions {
+            segment_size: 4096,
+            max_segments: 3,
+            ..Default::default()
+        };
+        let mut sink = ReplaySink::open(root.path().join("actor-2"), opts).unwrap();
+        let rd = ReaderOptions::default();
+        let mut source = ReplaySource::open(root.path(), rd.clone(), None).unwrap();
+        sink.send(&group(0, 1)).unwrap();
+        sink.flush().unwrap();
+        assert_eq!(source.recv(Duration::from_millis(10)).unwrap().len(), 1);
+        let stale = source.position();
+        // Another consumer reads on and commits: the writer recycles the old segments.
+        let mut sent = 1;
+        while cascade_replay::read_min_consumed(&root.path().join("actor-2"))
+            .unwrap()
+            .is_none_or(|c| c < 400)
+        {
+            sink.send(&group(sent, 1)).unwrap();
+            sent += 1;
+            sink.flush().unwrap();
+            source.recv(Duration::ZERO).unwrap();
+            source.commit().unwrap();
+        }
+        let mut late = ReplaySource::open(root.path(), rd, Some(stale)).unwrap();
+        let mut got = Vec::new();
+        while got.is_empty() {
+            got = late.recv(Duration::from_millis(10)).unwrap();
+        }
+        let gaps = late.take_gaps();
+        assert_eq!(gaps.len(), 1, "{gaps:?}");
+        assert_eq!(gaps[0].actor, "actor-2");
+        assert_eq!(gaps[0].from_seq, 1);
+        assert_eq!(
+            got[0].seq, gaps[0].to_seq,
+            "reading resumes at the oldest record on disk"
+        );
+        assert!(late.take_gaps().is_empty(), "reported once");
+        // The position moves on with what is read after the gap.
+        let mut position = Cursors::default();
+        ReplaySource::advance(&mut position, &got[0]);
+        assert_eq!(position.actors["actor-2"], got[0].mark);
     }
 }

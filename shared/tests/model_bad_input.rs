@@ -119,3 +119,28 @@ fn sharded_checkpoint_loads() -> Result<()> {
     assert_eq!(diff, 0.0);
     Ok(())
 }
+
+#[test]
+fn a_user_checkpoint_that_changes_while_loading_is_refused() -> Result<()> {
+    use cascade_shared::model::{Checkpoint, ModelConfig};
+    let d = tempfile::tempdir()?;
+    copy_fixture(d.path())?;
+    let cfg = ModelConfig::from_file(&d.path().join("config.json"))?;
+    let ckpt = Checkpoint::open_dir(d.path())?;
+    // Loads while the file is as it was at open.
+    ckpt.load_all(&cfg, candle_core::DType::F32, &Device::Cpu)?;
+    // Another process appends to it (a save in progress): the next read is refused.
+    let p = d.path().join("model.safetensors");
+    let mut f = std::fs::OpenOptions::new().append(true).open(&p)?;
+    std::io::Write::write_all(&mut f, &[0u8; 64])?;
+    drop(f);
+    let e = ckpt
+        .load_all(&cfg, candle_core::DType::F32, &Device::Cpu)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("model.safetensors") && e.contains("changed"),
+        "{e}"
+    );
+    Ok(())
+}

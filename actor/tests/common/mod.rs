@@ -42,8 +42,8 @@ pub fn publish_tiny(
     stage_index: u32,
 ) {
     use cascade_learner::snapshot::{publish, SnapshotInput};
-    use cascade_learner::state::{LearnerState, STATE_FORMAT_VERSION};
-    use cascade_learner::{rng, AdamW, AdamWConfig, FilterMetrics};
+    use cascade_learner::{AdamW, AdamWConfig};
+    use cascade_shared::snapshot::LearnerState;
     let w = random_weights(cfg, seed, &Device::Cpu).expect("weights");
     let mut model: Vec<(String, candle_core::Tensor)> = w.into_iter().collect();
     model.sort_by(|a, b| a.0.cmp(&b.0));
@@ -54,16 +54,11 @@ pub fn publish_tiny(
         .collect();
     let opt = AdamW::new(vars, AdamWConfig::default()).expect("optimizer");
     let state = LearnerState {
-        format_version: STATE_FORMAT_VERSION,
         step: version,
         policy_version: version,
         stage_index,
         stage_step: version,
-        rng: rng::RngState::capture(&rng::seeded(version)),
-        replay_cursors: serde_json::json!({}),
-        curriculum: serde_json::json!({}),
-        filter_metrics: FilterMetrics::default(),
-        prompt_tracker: None,
+        ..LearnerState::initial(serde_json::json!({}))
     };
     let config_json = serde_json::to_vec(&cfg.to_hf_json("float32")).unwrap();
     let tok = tempfile::tempdir().unwrap();

@@ -193,7 +193,7 @@ impl Verifier for IfEvalVerifier {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::split_response;
+    use cascade_shared::chat::split_response;
 
     fn reference() -> Value {
         json!({"instruction_id_list": ["punctuation:no_comma", "startend:quotation"], "kwargs": [{}, {}]})

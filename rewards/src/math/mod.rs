@@ -171,7 +171,7 @@ pub fn switches_script(text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::split_response;
+    use cascade_shared::chat::split_response;
 
     fn score(cfg: MathConfig, answer: &str, response: &str) -> f32 {
         let v = MathVerifier::new(cfg);

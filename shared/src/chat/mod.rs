@@ -1,14 +1,15 @@
 //! Chat: messages, the chat template with `/think` and `/no_think` modes, chat encoding with an
-//! assistant-token mask for SFT, and (re-exported from `cascade-rewards`, which owns it)
-//! splitting a response into its thinking part and its final answer.
+//! assistant-token mask for SFT, and splitting a response into its thinking part and its final
+//! answer (the output side of the same format).
 //!
 //! The exact text each mode produces is documented on [`ChatTemplate::render`].
 
 mod encode;
+mod response;
 mod template;
 
-pub use cascade_rewards::response::{split_response, SplitResponse};
 pub use encode::{Chat, SftEncoding};
+pub use response::{split_response, SplitResponse};
 pub use template::{mode_flag, ChatTemplate, CHATML_TEMPLATE};
 
 use serde::{Deserialize, Serialize};

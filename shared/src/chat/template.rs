@@ -8,43 +8,8 @@ use serde::Serialize;
 
 use super::{ChatError, Message, Result};
 use crate::tokenizer::TokenizerConfig;
+pub use crate::tokenizer::CHATML_TEMPLATE;
 use crate::Mode;
-
-/// The built-in ChatML template, used when `tokenizer_config.json` has no `chat_template` (and
-/// written into the tiny tokenizer's config). It renders exactly like Qwen3's template for
-/// conversations without tools: assistant turns after the last user turn carry their
-/// `<think>…</think>` block (empty when there is no reasoning), earlier ones lose it, and the
-/// generation prompt opens an empty think block when `enable_thinking` is false.
-pub const CHATML_TEMPLATE: &str = r#"{%- set ns = namespace(last_query_index=messages|length - 1) %}
-{%- for message in messages %}
-    {%- if message.role == "user" %}
-        {%- set ns.last_query_index = loop.index0 %}
-    {%- endif %}
-{%- endfor %}
-{%- for message in messages %}
-    {%- if message.role == "assistant" %}
-        {%- set content = message.content %}
-        {%- set reasoning_content = '' %}
-        {%- if '</think>' in message.content %}
-            {%- set content = message.content.split('</think>')[-1].lstrip('\n') %}
-            {%- set reasoning_content = message.content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
-        {%- endif %}
-        {%- if loop.index0 > ns.last_query_index and (loop.last or reasoning_content) %}
-            {{- '<|im_start|>assistant\n<think>\n' + reasoning_content.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}
-        {%- else %}
-            {{- '<|im_start|>assistant\n' + content }}
-        {%- endif %}
-        {{- '<|im_end|>\n' }}
-    {%- else %}
-        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|im_start|>assistant\n' }}
-    {%- if enable_thinking is defined and enable_thinking is false %}
-        {{- '<think>\n\n</think>\n\n' }}
-    {%- endif %}
-{%- endif %}"#;
 
 /// The user-turn flag of a mode: `"/think"` or `"/no_think"`.
 pub fn mode_flag(mode: Mode) -> &'static str {
@@ -203,7 +168,7 @@ pub(crate) fn with_mode_flag(messages: &[Message], mode: Mode) -> Result<Vec<Mes
     let last_user = last_user_index(messages).ok_or(ChatError::NoUserTurn)?;
     if mode == Mode::NoThink {
         for (index, message) in messages.iter().enumerate().skip(last_user + 1) {
-            let thinking = cascade_rewards::split_response(&message.content).thinking;
+            let thinking = super::split_response(&message.content).thinking;
             if message.role == "assistant" && thinking.is_some_and(|t| !t.is_empty()) {
                 return Err(ChatError::ThinkingInNoThinkMode { index });
             }

@@ -100,6 +100,9 @@ knobs! {
     keep_snapshots: usize = 3, flag "keep-snapshots";
     /// Abort after this many consecutive steps with a non-finite loss or gradient.
     max_bad_steps: usize = 3, flag "max-bad-steps";
+    /// Seed of the learner's own draws (SFT packing order, prompt retirement, reward-model
+    /// training); independent of `actor.seed`.
+    seed: u64 = 0, flag "learner-seed";
 }
 
 knobs! {

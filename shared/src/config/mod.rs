@@ -10,6 +10,7 @@ mod error;
 mod extra;
 mod knobs;
 mod model;
+mod outcomes;
 mod overrides;
 mod stage;
 
@@ -22,6 +23,7 @@ pub use error::{ConfigError, Result};
 pub use extra::{EvalConfig, RewardModelTrainConfig};
 pub use knobs::{ActorArgs, ActorConfig, LearnerArgs, LearnerConfig, ReplayArgs, ReplayConfig};
 pub use model::{DtypeChoice, InitConfig, ModelConfig};
+pub use outcomes::OutcomeConfig;
 pub use overrides::Override;
 pub use stage::{IfStrictness, LossAgg, MaxResponseTokens, Schedule, StageConfig, VerifierConfig};
 
@@ -57,6 +59,9 @@ pub struct RunConfig {
     /// The held-out evaluation after each stage.
     #[serde(default)]
     pub eval: EvalConfig,
+    /// Per-prompt outcome tracking: prompts always or never solved are retired.
+    #[serde(default)]
+    pub outcomes: OutcomeConfig,
     /// Directory relative paths are resolved against (the config file's directory).
     #[serde(skip)]
     pub base_dir: PathBuf,
@@ -175,6 +180,7 @@ impl RunConfig {
         self.learner.validate()?;
         self.replay.validate()?;
         self.eval.validate()?;
+        self.outcomes.validate()?;
         if let Some(rm) = &self.reward_model {
             rm.validate()?;
         }

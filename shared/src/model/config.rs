@@ -262,11 +262,63 @@ impl ModelConfig {
 
     /// Number of parameters (counting a tied head once).
     pub fn num_parameters(&self) -> usize {
-        super::weights::parameter_shapes(self)
+        parameter_shapes(self)
             .iter()
             .map(|(_, s)| s.iter().product::<usize>())
             .sum()
     }
+}
+
+/// Every parameter of the model described by `cfg`, with its Hugging Face name and shape, in a
+/// stable order. A tied head has no `lm_head.weight`.
+pub fn parameter_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+    let h = cfg.hidden_size;
+    let hd = cfg.head_dim();
+    let nh = cfg.num_attention_heads;
+    let nkv = cfg.num_kv_heads();
+    let i = cfg.intermediate_size;
+    let mut out = vec![(
+        "model.embed_tokens.weight".to_string(),
+        vec![cfg.vocab_size, h],
+    )];
+    for l in 0..cfg.num_hidden_layers {
+        let p = format!("model.layers.{l}");
+        out.push((format!("{p}.input_layernorm.weight"), vec![h]));
+        out.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
+        for (name, rows) in [
+            ("q_proj", nh * hd),
+            ("k_proj", nkv * hd),
+            ("v_proj", nkv * hd),
+        ] {
+            out.push((format!("{p}.self_attn.{name}.weight"), vec![rows, h]));
+            if cfg.qkv_bias() {
+                out.push((format!("{p}.self_attn.{name}.bias"), vec![rows]));
+            }
+        }
+        out.push((format!("{p}.self_attn.o_proj.weight"), vec![h, nh * hd]));
+        if cfg.o_bias() {
+            out.push((format!("{p}.self_attn.o_proj.bias"), vec![h]));
+        }
+        if cfg.qk_norm() {
+            out.push((format!("{p}.self_attn.q_norm.weight"), vec![hd]));
+            out.push((format!("{p}.self_attn.k_norm.weight"), vec![hd]));
+        }
+        for (name, shape) in [
+            ("gate_proj", [i, h]),
+            ("up_proj", [i, h]),
+            ("down_proj", [h, i]),
+        ] {
+            out.push((format!("{p}.mlp.{name}.weight"), shape.to_vec()));
+            if cfg.mlp_bias {
+                out.push((format!("{p}.mlp.{name}.bias"), vec![shape[0]]));
+            }
+        }
+    }
+    out.push(("model.norm.weight".to_string(), vec![h]));
+    if !cfg.tie_word_embeddings {
+        out.push(("lm_head.weight".to_string(), vec![cfg.vocab_size, h]));
+    }
+    out
 }
 
 #[cfg(test)]

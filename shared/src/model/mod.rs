@@ -10,6 +10,7 @@
 mod causal_lm;
 mod config;
 mod decode;
+mod initial;
 mod layers;
 mod weights;
 
@@ -19,10 +20,11 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Tensor, Var};
 
 pub use causal_lm::{compute_dtype, CausalLm};
-pub use config::{ModelConfig, ModelType};
+pub use config::{parameter_shapes, ModelConfig, ModelType};
 pub use decode::{argmax, DecodeBatch};
+pub use initial::{initial_model, InitialModel, InitialModelError};
 pub use layers::{gather_logprobs, OpsMode};
-pub use weights::{check_tensors, parameter_shapes, random_weights, save_safetensors, Checkpoint};
+pub use weights::{check_tensors, random_weights, save_safetensors, Checkpoint};
 
 /// Errors of the model module. Errors about a file carry its path; errors about a tensor its name.
 #[derive(Debug, thiserror::Error)]

@@ -1,11 +1,14 @@
 //! Checkpoint files: the parameter list of a config, loading single or sharded safetensors
-//! (memory-mapped, validated, with errors naming file and tensor), seeded random initialisation
-//! and saving in the Hugging Face layout.
+//! (validated, with errors naming file and tensor), seeded random initialisation and saving in
+//! the Hugging Face layout.
 //!
-//! This is the only module of the crate that maps files. A mapped checkpoint must not change
-//! while it is open: cascade only maps published snapshots (written as `*.tmp`, fsynced and
-//! renamed, never rewritten) and user checkpoints, and copies every tensor out of the mapping
-//! before the file is closed.
+//! This is the only module of the crate that maps checkpoint files. A mapped file must not
+//! change while it is open (a truncation would fault, a rewrite would be read torn), so only
+//! directories that cascade itself published are mapped ([`Checkpoint::open_published`]:
+//! snapshots and the trained reward model are written as `*.tmp`, fsynced, renamed and never
+//! rewritten). A user's checkpoint ([`Checkpoint::open_dir`]) is read with positioned reads,
+//! one tensor at a time, and its size and modification time are checked again after every
+//! read: a file that changes while it is loaded is refused with an error, never used.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -17,60 +20,10 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use safetensors::tensor::{Metadata, TensorView};
 
+// Re-exported for the modules that read shapes next to weights.
+pub(super) use super::config::parameter_shapes;
 use super::config::ModelConfig;
 use super::{ModelError, Result};
-
-/// Every parameter of the model described by `cfg`, with its Hugging Face name and shape, in a
-/// stable order. A tied head has no `lm_head.weight`.
-pub fn parameter_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
-    let h = cfg.hidden_size;
-    let hd = cfg.head_dim();
-    let nh = cfg.num_attention_heads;
-    let nkv = cfg.num_kv_heads();
-    let i = cfg.intermediate_size;
-    let mut out = vec![(
-        "model.embed_tokens.weight".to_string(),
-        vec![cfg.vocab_size, h],
-    )];
-    for l in 0..cfg.num_hidden_layers {
-        let p = format!("model.layers.{l}");
-        out.push((format!("{p}.input_layernorm.weight"), vec![h]));
-        out.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
-        for (name, rows) in [
-            ("q_proj", nh * hd),
-            ("k_proj", nkv * hd),
-            ("v_proj", nkv * hd),
-        ] {
-            out.push((format!("{p}.self_attn.{name}.weight"), vec![rows, h]));
-            if cfg.qkv_bias() {
-                out.push((format!("{p}.self_attn.{name}.bias"), vec![rows]));
-            }
-        }
-        out.push((format!("{p}.self_attn.o_proj.weight"), vec![h, nh * hd]));
-        if cfg.o_bias() {
-            out.push((format!("{p}.self_attn.o_proj.bias"), vec![h]));
-        }
-        if cfg.qk_norm() {
-            out.push((format!("{p}.self_attn.q_norm.weight"), vec![hd]));
-            out.push((format!("{p}.self_attn.k_norm.weight"), vec![hd]));
-        }
-        for (name, shape) in [
-            ("gate_proj", [i, h]),
-            ("up_proj", [i, h]),
-            ("down_proj", [h, i]),
-        ] {
-            out.push((format!("{p}.mlp.{name}.weight"), shape.to_vec()));
-            if cfg.mlp_bias {
-                out.push((format!("{p}.mlp.{name}.bias"), vec![shape[0]]));
-            }
-        }
-    }
-    out.push(("model.norm.weight".to_string(), vec![h]));
-    if !cfg.tie_word_embeddings {
-        out.push(("lm_head.weight".to_string(), vec![cfg.vocab_size, h]));
-    }
-    out
-}
 
 /// Seeded random weights in the Hugging Face initialisation: normal(0, `initializer_range`) for
 /// matrices, ones for norms, zeros for biases. Each tensor has its own stream derived from
@@ -128,11 +81,63 @@ pub fn save_safetensors(
     })
 }
 
+/// How a checkpoint file's bytes are reached.
+enum FileBytes {
+    /// A mapping of a published, immutable file.
+    Mapped(memmap2::Mmap),
+    /// A user's file, read on demand; `stamp` is its size and modification time at open.
+    Read {
+        file: File,
+        stamp: (u64, Option<std::time::SystemTime>),
+    },
+}
+
 struct MappedFile {
     path: PathBuf,
-    mmap: memmap2::Mmap,
+    bytes: FileBytes,
     /// Start of the data section (8 + header length).
     data_start: usize,
+}
+
+/// Size and modification time of an open file.
+fn stamp(file: &File, path: &Path) -> Result<(u64, Option<std::time::SystemTime>)> {
+    let meta = file.metadata().map_err(|e| ModelError::Io {
+        path: path.to_path_buf(),
+        source: e,
+    })?;
+    Ok((meta.len(), meta.modified().ok()))
+}
+
+impl MappedFile {
+    /// The bytes `range` of the file: borrowed from a mapping, or read (and the file checked
+    /// to be unchanged since it was opened).
+    fn read(&self, range: std::ops::Range<usize>) -> Result<std::borrow::Cow<'_, [u8]>> {
+        match &self.bytes {
+            FileBytes::Mapped(mmap) => Ok(std::borrow::Cow::Borrowed(&mmap[range])),
+            FileBytes::Read {
+                file,
+                stamp: at_open,
+            } => {
+                use std::os::unix::fs::FileExt;
+                let io = |e| ModelError::Io {
+                    path: self.path.clone(),
+                    source: e,
+                };
+                let mut buf = vec![0u8; range.len()];
+                file.read_exact_at(&mut buf, range.start as u64)
+                    .map_err(io)?;
+                if stamp(file, &self.path)? != *at_open {
+                    return Err(ModelError::Safetensors {
+                        path: self.path.clone(),
+                        message: "the file changed while it was being loaded; load it again \
+                                  once it is written completely"
+                            .into(),
+                    });
+                }
+                Ok(std::borrow::Cow::Owned(buf))
+            }
+        }
+    }
 }
 
 struct TensorEntry {
@@ -151,12 +156,23 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
-    /// Opens the safetensors file(s) of a checkpoint directory.
+    /// Opens the safetensors file(s) of a user's checkpoint directory (read, not mapped: the
+    /// files may change while cascade runs).
     pub fn open_dir(dir: &Path) -> Result<Checkpoint> {
+        Self::open_dir_with(dir, false)
+    }
+
+    /// Opens a checkpoint directory that cascade published (a snapshot, the trained reward
+    /// model): immutable by the publication protocol, so its files are memory-mapped.
+    pub fn open_published(dir: &Path) -> Result<Checkpoint> {
+        Self::open_dir_with(dir, true)
+    }
+
+    fn open_dir_with(dir: &Path, mapped: bool) -> Result<Checkpoint> {
         let single = dir.join("model.safetensors");
         let index = dir.join("model.safetensors.index.json");
         if single.exists() {
-            return Checkpoint::open_files(&[single]);
+            return Checkpoint::open_files_with(&[single], mapped);
         }
         if index.exists() {
             let text = std::fs::read_to_string(&index).map_err(|e| ModelError::Io {
@@ -186,7 +202,7 @@ impl Checkpoint {
                     files.push(p);
                 }
             }
-            let ckpt = Checkpoint::open_files(&files)?;
+            let ckpt = Checkpoint::open_files_with(&files, mapped)?;
             for (name, file) in map {
                 let expected = dir.join(file.as_str().unwrap_or_default());
                 match ckpt.tensors.get(name) {
@@ -210,32 +226,52 @@ impl Checkpoint {
         })
     }
 
-    /// Opens explicit safetensors files.
+    /// Opens explicit safetensors files of a user's (read, not mapped).
     pub fn open_files(paths: &[PathBuf]) -> Result<Checkpoint> {
+        Self::open_files_with(paths, false)
+    }
+
+    fn open_files_with(paths: &[PathBuf], mapped: bool) -> Result<Checkpoint> {
         let mut files = Vec::new();
         let mut tensors = HashMap::new();
         for (idx, path) in paths.iter().enumerate() {
-            let file = File::open(path).map_err(|e| ModelError::Io {
+            let io = |e| ModelError::Io {
                 path: path.clone(),
                 source: e,
-            })?;
-            // SAFETY: the mapping is read-only and the file is a checkpoint that is never modified
-            // while open (published snapshots are immutable; see the module docs). Every access
-            // below is bounds-checked against the parsed header before slicing.
-            let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| ModelError::Io {
-                path: path.clone(),
-                source: e,
-            })?;
+            };
+            let file = File::open(path).map_err(io)?;
             let st_err = |message: String| ModelError::Safetensors {
                 path: path.clone(),
                 message,
             };
-            let (header_len, meta): (usize, Metadata) =
-                safetensors::SafeTensors::read_metadata(&mmap).map_err(|e| {
-                    st_err(format!("bad header: {e}{}", describe_truncation(&mmap)))
-                })?;
+            let (bytes, header_len, meta, file_len) = if mapped {
+                // SAFETY: the mapping is read-only and the file is one cascade published: written
+                // as `*.tmp`, fsynced, renamed and never rewritten (see the module docs), so it
+                // does not change while mapped. Every access below is bounds-checked against the
+                // parsed header before slicing.
+                let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+                let (header_len, meta): (usize, Metadata) =
+                    safetensors::SafeTensors::read_metadata(&mmap).map_err(|e| {
+                        st_err(format!("bad header: {e}{}", describe_truncation(&mmap)))
+                    })?;
+                let len = mmap.len();
+                (FileBytes::Mapped(mmap), header_len, meta, len)
+            } else {
+                let at_open = stamp(&file, path)?;
+                let (header_len, meta) = read_header(&file, at_open.0).map_err(st_err)?;
+                let len = at_open.0 as usize;
+                (
+                    FileBytes::Read {
+                        file,
+                        stamp: at_open,
+                    },
+                    header_len,
+                    meta,
+                    len,
+                )
+            };
             let data_start = 8 + header_len;
-            let data_len = mmap.len().saturating_sub(data_start);
+            let data_len = file_len.saturating_sub(data_start);
             for (name, info) in meta.tensors() {
                 let (s, e) = info.data_offsets;
                 if e > data_len || s > e {
@@ -256,7 +292,7 @@ impl Checkpoint {
             }
             files.push(MappedFile {
                 path: path.clone(),
-                mmap,
+                bytes,
                 data_start,
             });
         }
@@ -298,14 +334,12 @@ impl Checkpoint {
             });
         }
         debug_assert!(entry.start >= file.data_start);
-        let view = TensorView::new(
-            entry.dtype,
-            entry.shape.clone(),
-            &file.mmap[entry.start..entry.end],
-        )
-        .map_err(|e| ModelError::Safetensors {
-            path: file.path.clone(),
-            message: format!("tensor `{name}`: {e}"),
+        let bytes = file.read(entry.start..entry.end)?;
+        let view = TensorView::new(entry.dtype, entry.shape.clone(), &bytes).map_err(|e| {
+            ModelError::Safetensors {
+                path: file.path.clone(),
+                message: format!("tensor `{name}`: {e}"),
+            }
         })?;
         let t = view
             .load(&Device::Cpu)
@@ -373,6 +407,25 @@ pub fn check_tensors(cfg: &ModelConfig, tensors: &HashMap<String, Tensor>) -> Re
         }
     }
     Ok(())
+}
+
+/// Reads and parses the header of a safetensors file of `len` bytes (positioned reads).
+fn read_header(file: &File, len: u64) -> std::result::Result<(usize, Metadata), String> {
+    use std::os::unix::fs::FileExt;
+    let mut n = [0u8; 8];
+    file.read_exact_at(&mut n, 0)
+        .map_err(|e| format!("bad header: {e} (file is {len} bytes: truncated?)"))?;
+    let header_len = u64::from_le_bytes(n);
+    if header_len > 100 << 20 || 8 + header_len > len {
+        return Err(format!(
+            "bad header: {header_len} bytes announced in a file of {len} bytes (header extends past the end of the file: truncated?)"
+        ));
+    }
+    let mut header = vec![0u8; header_len as usize];
+    file.read_exact_at(&mut header, 8)
+        .map_err(|e| format!("bad header: {e}"))?;
+    let meta: Metadata = serde_json::from_slice(&header).map_err(|e| format!("bad header: {e}"))?;
+    Ok((header_len as usize, meta))
 }
 
 /// For a file whose header does not validate, names the first tensor whose data lies past the

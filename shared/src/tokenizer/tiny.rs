@@ -12,8 +12,8 @@ use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::AddedToken;
 
+use super::CHATML_TEMPLATE;
 use super::{Result, TokenizerError};
-use crate::chat::CHATML_TEMPLATE;
 
 /// The added tokens of the tiny tokenizer, in id order from 256, with whether each is "special"
 /// (skipped by `decode(.., skip_special_tokens = true)`). As in Qwen3, `<think>`/`</think>` are

@@ -5,8 +5,6 @@ use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{LearnerError, Result};
-
 /// The serialisable position of a [`ChaCha8Rng`]: seed, stream and word position (the
 /// position as a decimal string because JSON numbers cannot hold a u128 exactly).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -30,8 +28,8 @@ impl RngState {
     }
 
     /// Rebuilds the generator at the captured position.
-    pub fn restore(&self) -> Result<ChaCha8Rng> {
-        let bad = |what: &str| LearnerError::InvalidConfig(format!("RNG state: bad {what}"));
+    pub fn restore(&self) -> Result<ChaCha8Rng, BadRngState> {
+        let bad = BadRngState;
         if self.seed_hex.len() != 64 {
             return Err(bad("seed length"));
         }
@@ -47,6 +45,11 @@ impl RngState {
         Ok(rng)
     }
 }
+
+/// A saved RNG position that does not parse (a corrupt `state.json`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("saved RNG state: bad {0}")]
+pub struct BadRngState(pub &'static str);
 
 /// A ChaCha8 generator from a `u64` seed (the run config's seed, or derived from it).
 pub fn seeded(seed: u64) -> ChaCha8Rng {

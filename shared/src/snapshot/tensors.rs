@@ -1,7 +1,8 @@
 //! Writing and reading safetensors files.
 //!
-//! The writer streams tensors straight into a buffered file while computing the file's CRC-32C,
-//! so a snapshot's checksum manifest costs no second read, and fsyncs the file before returning.
+//! The writer streams tensors straight into a buffered file while computing the file's CRC-32C
+//! ([`DigestWriter`]), so a snapshot's checksum manifest costs no second read, and fsyncs the
+//! file before returning.
 //! Reading goes through candle (`candle_core::safetensors::load`); only the header's
 //! `__metadata__` is parsed here.
 
@@ -14,58 +15,11 @@ use candle_core::{DType, Device, Tensor};
 use half::{bf16, f16};
 use serde_json::{json, Map, Value};
 
-use crate::error::{LearnerError, Result};
-
-/// Size and CRC-32C of a written file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FileDigest {
-    /// Length in bytes.
-    pub bytes: u64,
-    /// CRC-32C (Castagnoli) of the whole file.
-    pub crc32c: u32,
-}
-
-/// A writer that counts bytes and updates a CRC-32C as they pass.
-pub(crate) struct DigestWriter<W> {
-    inner: W,
-    digest: FileDigest,
-}
-
-impl<W: Write> DigestWriter<W> {
-    pub(crate) fn new(inner: W) -> Self {
-        DigestWriter {
-            inner,
-            digest: FileDigest {
-                bytes: 0,
-                crc32c: 0,
-            },
-        }
-    }
-
-    pub(crate) fn digest(&self) -> FileDigest {
-        self.digest
-    }
-
-    pub(crate) fn into_inner(self) -> W {
-        self.inner
-    }
-}
-
-impl<W: Write> Write for DigestWriter<W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.digest.crc32c = crc32c::crc32c_append(self.digest.crc32c, &buf[..n]);
-        self.digest.bytes += n as u64;
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
-}
+use super::durable::{DigestWriter, FileDigest};
+use super::error::{Result, SnapshotError};
 
 /// The safetensors dtype name of a candle dtype.
-fn dtype_name(dtype: DType) -> Result<&'static str> {
+fn dtype_name(dtype: DType, path: &Path) -> Result<&'static str> {
     Ok(match dtype {
         DType::F32 => "F32",
         DType::F16 => "F16",
@@ -75,9 +29,10 @@ fn dtype_name(dtype: DType) -> Result<&'static str> {
         DType::U32 => "U32",
         DType::I64 => "I64",
         other => {
-            return Err(LearnerError::InvalidConfig(format!(
-                "dtype {other:?} cannot be written to safetensors by the learner"
-            )))
+            return Err(SnapshotError::Safetensors {
+                path: path.to_path_buf(),
+                reason: format!("dtype {other:?} cannot be written to safetensors"),
+            })
         }
     })
 }
@@ -110,12 +65,14 @@ fn write_tensor_bytes(out: &mut impl Write, flat: &Tensor, path: &Path) -> Resul
             DType::U32 => put!(u32),
             DType::I64 => put!(i64),
             other => {
-                return Err(LearnerError::InvalidConfig(format!(
-                    "dtype {other:?} cannot be written"
-                )))
+                return Err(SnapshotError::Safetensors {
+                    path: path.to_path_buf(),
+                    reason: format!("dtype {other:?} cannot be written"),
+                })
             }
         }
-        out.write_all(&buf).map_err(|e| LearnerError::io(path, e))?;
+        out.write_all(&buf)
+            .map_err(|e| SnapshotError::io(path, e))?;
         start += len;
     }
     Ok(())
@@ -129,7 +86,7 @@ pub fn write_safetensors(
     tensors: &[(String, Tensor)],
     metadata: &BTreeMap<String, String>,
 ) -> Result<FileDigest> {
-    let io = |e: std::io::Error| LearnerError::io(path, e);
+    let io = |e: std::io::Error| SnapshotError::io(path, e);
     let mut header = Map::new();
     if !metadata.is_empty() {
         header.insert("__metadata__".into(), json!(metadata));
@@ -140,7 +97,7 @@ pub fn write_safetensors(
         header.insert(
             name.clone(),
             json!({
-                "dtype": dtype_name(t.dtype())?,
+                "dtype": dtype_name(t.dtype(), path)?,
                 "shape": t.dims(),
                 "data_offsets": [offset, offset + len],
             }),
@@ -148,7 +105,7 @@ pub fn write_safetensors(
         offset += len;
     }
     let mut header_bytes =
-        serde_json::to_vec(&Value::Object(header)).map_err(|e| LearnerError::json(path, e))?;
+        serde_json::to_vec(&Value::Object(header)).map_err(|e| SnapshotError::json(path, e))?;
     // Data starts 8-byte aligned, as safetensors' own writer does.
     header_bytes.resize(header_bytes.len().next_multiple_of(8), b' ');
 
@@ -165,15 +122,15 @@ pub fn write_safetensors(
     let file = out
         .into_inner()
         .into_inner()
-        .map_err(|e| LearnerError::io(path, e.into_error()))?;
+        .map_err(|e| SnapshotError::io(path, e.into_error()))?;
     file.sync_all().map_err(io)?;
     Ok(digest)
 }
 
 /// Reads the `__metadata__` map of a safetensors file (empty if it has none).
 pub fn read_safetensors_metadata(path: &Path) -> Result<BTreeMap<String, String>> {
-    let io = |e: std::io::Error| LearnerError::io(path, e);
-    let bad = |reason: String| LearnerError::Safetensors {
+    let io = |e: std::io::Error| SnapshotError::io(path, e);
+    let bad = |reason: String| SnapshotError::Safetensors {
         path: path.to_path_buf(),
         reason,
     };
@@ -186,7 +143,8 @@ pub fn read_safetensors_metadata(path: &Path) -> Result<BTreeMap<String, String>
     }
     let mut header = vec![0u8; len as usize];
     file.read_exact(&mut header).map_err(io)?;
-    let header: Value = serde_json::from_slice(&header).map_err(|e| LearnerError::json(path, e))?;
+    let header: Value =
+        serde_json::from_slice(&header).map_err(|e| SnapshotError::json(path, e))?;
     let Some(meta) = header.get("__metadata__") else {
         return Ok(BTreeMap::new());
     };
@@ -196,7 +154,7 @@ pub fn read_safetensors_metadata(path: &Path) -> Result<BTreeMap<String, String>
 /// Loads every tensor of a safetensors file onto `device`.
 pub fn read_safetensors(path: &Path, device: &Device) -> Result<BTreeMap<String, Tensor>> {
     let map =
-        candle_core::safetensors::load(path, device).map_err(|e| LearnerError::Safetensors {
+        candle_core::safetensors::load(path, device).map_err(|e| SnapshotError::Safetensors {
             path: path.to_path_buf(),
             reason: e.to_string(),
         })?;

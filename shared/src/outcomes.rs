@@ -14,60 +14,8 @@ use std::collections::BTreeMap;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{LearnerError, Result};
-use crate::rng::{seeded, uniform, RngState};
-
-/// Retirement settings.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct OutcomeConfig {
-    /// Track and retire at all.
-    pub enabled: bool,
-    /// A sample with reward ≥ this counts as solved.
-    pub solved_threshold: f32,
-    /// Consecutive uniform observations before a prompt is retired (≥ 1).
-    pub retire_after: u32,
-    /// Probability that a retired always-solved prompt is drawn anyway.
-    pub return_prob_solved: f64,
-    /// Probability that a retired never-solved prompt is drawn anyway.
-    pub return_prob_unsolved: f64,
-}
-
-impl Default for OutcomeConfig {
-    fn default() -> Self {
-        OutcomeConfig {
-            enabled: true,
-            solved_threshold: 1.0,
-            retire_after: 1,
-            return_prob_solved: 0.05,
-            return_prob_unsolved: 0.1,
-        }
-    }
-}
-
-impl OutcomeConfig {
-    /// Checks ranges; call once at start-up.
-    pub fn validate(&self) -> Result<()> {
-        let prob = |p: f64| (0.0..=1.0).contains(&p);
-        if !prob(self.return_prob_solved) || !prob(self.return_prob_unsolved) {
-            return Err(LearnerError::InvalidConfig(format!(
-                "return probabilities ({}, {}) must be in [0, 1]",
-                self.return_prob_solved, self.return_prob_unsolved
-            )));
-        }
-        if self.retire_after == 0 {
-            return Err(LearnerError::InvalidConfig(
-                "retire_after must be ≥ 1".into(),
-            ));
-        }
-        if !self.solved_threshold.is_finite() {
-            return Err(LearnerError::InvalidConfig(
-                "solved_threshold must be finite".into(),
-            ));
-        }
-        Ok(())
-    }
-}
+pub use crate::config::OutcomeConfig;
+use crate::rng::{seeded, uniform, BadRngState, RngState};
 
 /// Where a prompt stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -113,20 +61,19 @@ pub struct PromptTracker {
 }
 
 impl PromptTracker {
-    /// An empty tracker with a seeded RNG.
-    pub fn new(cfg: OutcomeConfig, seed: u64) -> Result<Self> {
-        cfg.validate()?;
-        Ok(PromptTracker {
+    /// An empty tracker with a seeded RNG. `cfg` is validated with the run config
+    /// ([`crate::config::RunConfig::validate`]).
+    pub fn new(cfg: OutcomeConfig, seed: u64) -> Self {
+        PromptTracker {
             cfg,
             records: BTreeMap::new(),
             rng: seeded(seed),
             returned: 0,
-        })
+        }
     }
 
     /// A tracker continuing from saved state.
-    pub fn from_state(cfg: OutcomeConfig, state: &TrackerState) -> Result<Self> {
-        cfg.validate()?;
+    pub fn from_state(cfg: OutcomeConfig, state: &TrackerState) -> Result<Self, BadRngState> {
         Ok(PromptTracker {
             cfg,
             records: state.records.clone(),
@@ -223,7 +170,6 @@ mod tests {
             },
             7,
         )
-        .unwrap()
     }
 
     #[test]
@@ -265,8 +211,7 @@ mod tests {
                 ..OutcomeConfig::default()
             },
             1,
-        )
-        .unwrap();
+        );
         t.record(1, &[1.0, 1.0]);
         assert_eq!(t.status(1), PromptStatus::Active);
         assert!(t.should_draw(1));

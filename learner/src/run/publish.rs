@@ -1,0 +1,68 @@
+//! Publishing the learner's state as a snapshot, and committing the replay position it covers.
+
+use std::time::Instant;
+
+use candle_core::DType;
+use cascade_shared::snapshot::TOKENIZER_CONFIG_FILE;
+use cascade_shared::transport::RolloutSource;
+use serde_json::json;
+
+use super::start::serialise_position;
+use super::Learner;
+use crate::error::{LearnerError, Result};
+use crate::snapshot::{self, SnapshotInput};
+
+impl<S: RolloutSource> Learner<'_, S> {
+    /// Publishes the current state as snapshot `policy_version` (unless already published),
+    /// commits the replay position it covers, and applies retention.
+    pub(super) fn publish(&mut self, stage_final: bool) -> Result<()> {
+        let version = self.state.policy_version;
+        if self.published == Some(version) {
+            return Ok(());
+        }
+        let started = Instant::now();
+        self.state.replay_cursors = serialise_position(&self.consumed)?;
+        let model = self.policy.named_tensors();
+        let torch_dtype = match self.policy.model.dtype() {
+            DType::BF16 => "bfloat16",
+            DType::F16 => "float16",
+            _ => "float32",
+        };
+        let config_json = serde_json::to_vec_pretty(&self.policy.cfg.to_hf_json(torch_dtype))
+            .map_err(|e| LearnerError::json("config.json", e))?;
+        let extra: Vec<(&str, &[u8])> = self
+            .tokenizer
+            .tokenizer_config_json
+            .as_deref()
+            .map(|b| vec![(TOKENIZER_CONFIG_FILE, b)])
+            .unwrap_or_default();
+        snapshot::publish(
+            &self.snapshots,
+            version,
+            &SnapshotInput {
+                model: &model,
+                optimizer: &self.optimizer,
+                state: &self.state,
+                config_json: &config_json,
+                tokenizer_json: &self.tokenizer.tokenizer_json,
+                extra_files: &extra,
+                stage_final,
+            },
+        )?;
+        self.published = Some(version);
+        self.source.commit_at(&self.consumed)?;
+        self.progressed = self.consumed.clone();
+        let deleted = snapshot::retain(&self.snapshots, self.opts.config.learner.keep_snapshots)?;
+        self.metrics.emit(
+            "snapshot",
+            json!({
+                "policy_version": version,
+                "stage_index": self.state.stage_index,
+                "stage_final": stage_final,
+                "publish_s": started.elapsed().as_secs_f64(),
+                "deleted": deleted,
+            }),
+        );
+        Ok(())
+    }
+}

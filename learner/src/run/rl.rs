@@ -1,0 +1,178 @@
+//! One RL stage: GRPO steps on the groups the filter admits, until the stage's step count.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Instant;
+
+use cascade_shared::config::StageConfig;
+use cascade_shared::model::CausalLm;
+use cascade_shared::outcomes::PromptTracker;
+use cascade_shared::snapshot::{self, version_dir_name};
+use cascade_shared::transport::RolloutSource;
+use cascade_shared::{Mode, RolloutGroup};
+use serde_json::json;
+
+use super::settings::{filter_config, grpo_config, lr_schedule};
+use super::Learner;
+use crate::batch::GrpoBatch;
+use crate::error::Result;
+use crate::filter::GroupFilter;
+use crate::optim::StepOutcome;
+use crate::train_step::accumulate_grpo_gradients;
+
+impl<S: RolloutSource> Learner<'_, S> {
+    /// The reference model of a KL-penalised stage: the weights at the stage's start.
+    fn reference_model(&self) -> Result<Option<CausalLm>> {
+        let Some(v) = self.state.stage_progress.reference_version else {
+            return Ok(None);
+        };
+        let dir = self.snapshots.join(version_dir_name(v));
+        let dtype = self.policy.model.dtype();
+        let tensors = snapshot::load_model(&dir, &self.opts.device)?
+            .into_iter()
+            .map(|(k, t)| Ok((k, t.to_dtype(dtype)?)))
+            .collect::<Result<HashMap<_, _>>>()?;
+        Ok(Some(CausalLm::from_tensors(&self.policy.cfg, &tensors)?))
+    }
+
+    /// Runs the RL stage to its end; `false` if stopped first.
+    pub(super) fn run_rl(&mut self, index: usize, stage: &StageConfig) -> Result<bool> {
+        let config = &self.opts.config;
+        let grpo = grpo_config(stage);
+        grpo.validate()?;
+        let schedule_lr = lr_schedule(stage);
+        let mut filter = GroupFilter::resume(
+            filter_config(config, index, stage, self.policy.cfg.vocab_size),
+            self.state.filter_metrics.clone(),
+            self.state.stage_progress.equal_in_a_row,
+        )?;
+        let mut tracker = match &self.state.prompt_tracker {
+            Some(s) => PromptTracker::from_state(config.outcomes.clone(), s)?,
+            None => PromptTracker::new(config.outcomes.clone(), config.learner.seed ^ index as u64),
+        };
+        let reference = if stage.kl_coef > 0.0 {
+            self.reference_model()?
+        } else {
+            None
+        };
+        while (self.state.stage_step as usize) < stage.steps {
+            let t0 = Instant::now();
+            let version = self.state.policy_version;
+            let before = filter.metrics().clone();
+            let Some(step) =
+                self.fill_batch(&mut filter, &mut tracker, stage.batch_prompts, &stage.name)?
+            else {
+                self.state.filter_metrics = filter.metrics().clone();
+                self.state.prompt_tracker = Some(tracker.state());
+                return Ok(false);
+            };
+            let batch = GrpoBatch::from_groups(&step.kept, &grpo)?;
+            let stats = accumulate_grpo_gradients(
+                &self.policy.model,
+                reference.as_ref(),
+                &batch,
+                config.learner.micro_batch,
+                &grpo,
+                &mut self.optimizer,
+                &self.opts.device,
+            )?;
+            let lr = schedule_lr.lr(self.state.stage_step);
+            let outcome = if step.no_signal {
+                self.optimizer.zero_grad();
+                StepOutcome::Applied { grad_norm: 0.0, lr }
+            } else {
+                self.optimizer.step(lr, stats.loss)?
+            };
+            let grad_norm = match outcome {
+                StepOutcome::Applied { grad_norm, .. } => Some(grad_norm),
+                StepOutcome::Skipped { .. } => None,
+            };
+            self.state.filter_metrics = filter.metrics().clone();
+            self.state.prompt_tracker = Some(tracker.state());
+            self.state.stage_progress.equal_in_a_row = filter.equal_in_a_row();
+            let stage_step = self.state.stage_step;
+            let step_s = t0.elapsed().as_secs_f64();
+            let compute_s = (step_s - step.idle_s).max(1e-9);
+            let (applied, due) = self.finish_step(outcome, stage);
+            let after = filter.metrics();
+            let lags: Vec<u64> = step
+                .kept
+                .iter()
+                .map(|g| version.saturating_sub(g.min_policy_version()))
+                .collect();
+            self.metrics.emit(
+                "learner_step",
+                json!({
+                    "stage": stage.name,
+                    "stage_kind": stage.kind.as_str(),
+                    "stage_index": index,
+                    "stage_step": stage_step + 1,
+                    "stage_steps": stage.steps,
+                    "step": self.state.step,
+                    "policy_version": self.state.policy_version,
+                    "loss": stats.loss,
+                    "grad_norm": grad_norm,
+                    "lr": lr,
+                    "train_tokens": batch.total_tokens(),
+                    "trained_tokens": batch.trained_tokens(),
+                    "tokens_per_s": batch.total_tokens() as f64 / compute_s,
+                    "step_s": step_s,
+                    "idle_s": step.idle_s,
+                    "reward_mean": mean_reward(step.seen.iter()),
+                    "by_mode": by_mode(&step.seen),
+                    "policy_lag": lags,
+                    "groups_kept": step.kept.len(),
+                    "rollouts": step.kept_ids,
+                    "dropped": {
+                        "stale": after.stale - before.stale,
+                        "equal_rewards": after.equal_rewards - before.equal_rewards,
+                        "bad_input": after.bad_input() - before.bad_input(),
+                        "other_stage": after.other_stage - before.other_stage,
+                        "duplicate": after.duplicate - before.duplicate,
+                    },
+                    "queue_depth": self.queue.len(),
+                    "clip_fraction": stats.clipped_tokens / stats.tokens.max(1.0),
+                    "no_signal": step.no_signal,
+                    "skipped": !applied,
+                }),
+            );
+            if due {
+                self.publish(false)?;
+            }
+        }
+        Ok(true)
+    }
+}
+
+fn mean_reward<'g>(groups: impl Iterator<Item = &'g RolloutGroup>) -> Option<f64> {
+    let (mut sum, mut n) = (0.0, 0usize);
+    for g in groups {
+        for s in &g.samples {
+            sum += f64::from(s.reward);
+            n += 1;
+        }
+    }
+    (n > 0).then(|| sum / n as f64)
+}
+
+/// Per-mode reward mean, pass rate (fraction of samples with reward ≥ 1) and response length.
+fn by_mode(groups: &[RolloutGroup]) -> serde_json::Value {
+    let mut out = BTreeMap::new();
+    for mode in [Mode::Think, Mode::NoThink] {
+        let of_mode: Vec<&RolloutGroup> = groups.iter().filter(|g| g.mode == mode).collect();
+        if of_mode.is_empty() {
+            continue;
+        }
+        let samples: Vec<_> = of_mode.iter().flat_map(|g| g.samples.iter()).collect();
+        let n = samples.len().max(1) as f64;
+        out.insert(
+            mode.as_str().to_string(),
+            json!({
+                "groups": of_mode.len(),
+                "reward_mean": samples.iter().map(|s| f64::from(s.reward)).sum::<f64>() / n,
+                "pass_rate": samples.iter().filter(|s| s.reward >= 1.0).count() as f64 / n,
+                "response_len": samples.iter().map(|s| s.response_ids.len() as f64).sum::<f64>() / n,
+            }),
+        );
+    }
+    json!(out)
+}

@@ -1,0 +1,98 @@
+//! One SFT stage: packed conversations, a fixed number of optimizer steps.
+
+use std::time::Instant;
+
+use cascade_shared::config::StageConfig;
+use cascade_shared::transport::RolloutSource;
+use serde_json::json;
+
+use super::settings::lr_schedule;
+use super::Learner;
+use crate::error::Result;
+use crate::optim::StepOutcome;
+use crate::sft::{accumulate_sft_gradients, load_sft, SftSchedule};
+
+/// Salt of the SFT packing order.
+const SFT_SALT: u64 = 0x5f73_6674_5f6f_7264;
+
+/// Token budget of a packed row when the stage sets none.
+const DEFAULT_TOKEN_BUDGET: usize = 2048;
+
+impl<S: RolloutSource> Learner<'_, S> {
+    /// Loads the stage's conversations and packs them into rows.
+    pub(super) fn sft_schedule(&self, index: usize, stage: &StageConfig) -> Result<SftSchedule> {
+        let config = &self.opts.config;
+        let budget = stage.token_budget.unwrap_or(DEFAULT_TOKEN_BUDGET);
+        let data = load_sft(&config.resolve(&stage.dataset), &self.chat, budget)?;
+        if data.too_long > 0 {
+            tracing::warn!(
+                "stage {}: {} conversations longer than {budget} tokens skipped",
+                stage.name,
+                data.too_long
+            );
+        }
+        Ok(SftSchedule::new(
+            data,
+            budget,
+            config.learner.seed ^ SFT_SALT ^ index as u64,
+        ))
+    }
+
+    /// Runs the SFT stage to its end; `false` if stopped first.
+    pub(super) fn run_sft(
+        &mut self,
+        index: usize,
+        stage: &StageConfig,
+        mut schedule: SftSchedule,
+    ) -> Result<bool> {
+        let schedule_lr = lr_schedule(stage);
+        let micro = self.opts.config.learner.micro_batch;
+        while (self.state.stage_step as usize) < stage.steps {
+            if self.stopping() {
+                return Ok(false);
+            }
+            let t0 = Instant::now();
+            let start = self.state.stage_step as usize * stage.batch_prompts;
+            let rows = schedule.rows(start, stage.batch_prompts);
+            let stats = accumulate_sft_gradients(
+                &self.policy.model,
+                &rows,
+                micro,
+                &mut self.optimizer,
+                &self.opts.device,
+            )?;
+            let lr = schedule_lr.lr(self.state.stage_step);
+            let outcome = self.optimizer.step(lr, stats.loss)?;
+            let grad_norm = match outcome {
+                StepOutcome::Applied { grad_norm, .. } => Some(grad_norm),
+                StepOutcome::Skipped { .. } => None,
+            };
+            let step_s = t0.elapsed().as_secs_f64();
+            let stage_step = self.state.stage_step;
+            let (applied, due) = self.finish_step(outcome, stage);
+            self.metrics.emit(
+                "sft_step",
+                json!({
+                    "stage": stage.name,
+                    "stage_index": index,
+                    "stage_step": stage_step + 1,
+                    "stage_steps": stage.steps,
+                    "step": self.state.step,
+                    "policy_version": self.state.policy_version,
+                    "loss": stats.loss,
+                    "lr": lr,
+                    "grad_norm": grad_norm,
+                    "train_tokens": stats.total_tokens,
+                    "trained_tokens": stats.trained_tokens,
+                    "tokens_per_s": stats.total_tokens as f64 / step_s.max(1e-9),
+                    "step_s": step_s,
+                    "skipped": !applied,
+                }),
+            );
+            if due {
+                self.publish(false)?;
+            }
+        }
+        Ok(true)
+    }
+}
