@@ -1,6 +1,6 @@
 //! Bradley–Terry reward-model training on preference pairs.
 //!
-//! The reward model is the shared architecture ([`CausalLm`]) plus a scalar head
+//! The reward model is the shared architecture ([`CausalLm`](cascade_shared::model::CausalLm)) plus a scalar head
 //! `score.weight`, shape `(1, hidden)`. The score of a (prompt, response) pair is
 //! `score.weight · h`, where `h` is the final hidden state of the last real token of the
 //! conversation `[user: prompt, assistant: response]` rendered with
@@ -12,7 +12,8 @@
 //! neither overflows nor has a wrong gradient at a tie (see [`pairwise_loss`]). A step covers
 //! `batch_pairs` pairs in micro-batches of `micro_batch` pairs (the gradients are summed, so
 //! memory follows the micro-batch and the result does not depend on it), then applies
-//! [`AdamW`] with a linear warm-up + cosine [`LrSchedule`]. Every backbone tensor and the head
+//! [`AdamW`](crate::optim::AdamW) with a linear warm-up + cosine
+//! [`LrSchedule`](crate::schedule::LrSchedule). Every backbone tensor and the head
 //! are trained.
 //!
 //! Data: JSONL, one `{"prompt": str, "chosen": str, "rejected": str}` per line (other keys are
