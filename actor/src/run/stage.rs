@@ -22,14 +22,21 @@ use cascade_learner::LearnerState;
 
 /// The settings of the stage the actor works on.
 pub(super) struct Stage {
+    /// Index of the stage in the run config.
     pub(super) index: u32,
+    /// The stage's settings.
     pub(super) config: StageConfig,
+    /// Its prompts.
     pub(super) dataset: Dataset,
+    /// Scores its samples.
     pub(super) verifier: Arc<dyn Verifier>,
+    /// Sampling settings, response budget and this actor's seed.
     pub(super) params: GenParams,
+    /// Samples per prompt (G).
     pub(super) group_size: usize,
-    /// Position in the dataset and epoch.
+    /// Position in this epoch's order.
     cursor: usize,
+    /// Passes over the dataset so far (part of the mode draw and the generation seed).
     pub(super) epoch: u64,
     order: Vec<usize>,
     /// Strictly on-policy (staleness bound 0): the prompts of policy version `v` are a pure
@@ -46,6 +53,9 @@ pub(super) struct Stage {
 }
 
 impl Stage {
+    /// Opens stage `index` at the learner's `stage_step` (the response budget follows the
+    /// stage's curriculum): its dataset, its verifier (waiting for a reward model trained in
+    /// the run) and the first epoch's prompt order.
     pub(super) fn open(
         opts: &ActorOptions,
         index: u32,
@@ -146,6 +156,7 @@ impl Stage {
         self.next_k = 0;
     }
 
+    /// The next prompt of the schedule, retired or not.
     fn draw(&mut self, opts: &ActorOptions) -> usize {
         if self.on_policy {
             let actors = opts.config.devices.actor_assignment().len().max(1) as u64;
