@@ -17,7 +17,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use cascade_actor::dataset::Dataset;
 use cascade_actor::eval::{evaluate, mean_and_se, EvalOptions};
-use cascade_actor::run::verifier_for;
+use cascade_actor::verifiers::verifier_for;
 use cascade_rewards::Verifier;
 use cascade_shared::chat::Chat;
 use cascade_shared::config::RunConfig;

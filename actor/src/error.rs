@@ -8,6 +8,9 @@ pub enum ActorError {
     /// The model failed (forward pass, loading, a prompt longer than the cache allows).
     #[error(transparent)]
     Model(#[from] cascade_shared::model::ModelError),
+    /// The run's initial model could not be built.
+    #[error(transparent)]
+    InitialModel(#[from] cascade_shared::model::InitialModelError),
     /// A tensor operation failed.
     #[error(transparent)]
     Candle(#[from] candle_core::Error),

@@ -118,6 +118,16 @@ fn verdicts_match_transformers_single_and_batched() {
     let spread = scores.iter().cloned().fold(f64::MIN, f64::max)
         - scores.iter().cloned().fold(f64::MAX, f64::min);
     assert!(spread > 0.2, "the fixture's scores differ: {scores:?}");
+    // Any two reference scores are far apart at TOL, so the per-case comparisons below also
+    // catch verdicts that batching or padding assigns to the wrong case.
+    for (i, a) in scores.iter().enumerate() {
+        for (j, b) in scores.iter().enumerate().skip(i + 1) {
+            assert!(
+                (a - b).abs() > 100.0 * TOL,
+                "the fixture's scores of cases {i} and {j} are too close: {scores:?}"
+            );
+        }
+    }
     let ids: Vec<Vec<u32>> = cases.iter().map(|c| c.ids.clone()).collect();
     for max_batch in [1, 3, 8] {
         let j = judge().with_max_batch(max_batch);

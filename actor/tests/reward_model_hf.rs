@@ -75,6 +75,20 @@ fn scores_equal_transformers_single_and_batched() {
     let spread = cases.iter().map(|c| c.score).fold(f32::MIN, f32::max)
         - cases.iter().map(|c| c.score).fold(f32::MAX, f32::min);
     assert!(spread > 1.0, "scores differ between pairs: {spread}");
+    // Any two reference scores are far apart at TOL, so the per-case comparisons below also
+    // catch rows that batching or padding mixes up.
+    for (i, a) in cases.iter().enumerate() {
+        for b in &cases[i + 1..] {
+            assert!(
+                (a.score - b.score).abs() > 100.0 * TOL,
+                "the fixture's scores of {:?} and {:?} are too close: {} vs {}",
+                a.prompt,
+                b.prompt,
+                a.score,
+                b.score
+            );
+        }
+    }
     for max_batch in [1, 2, 16] {
         let rm = load().with_max_batch(max_batch);
         let pairs: Vec<(&str, &str)> = cases

@@ -1,6 +1,7 @@
-//! CUDA sampler against the CPU reference on a GPU: the same tokens for the same keys on at
-//! least 99.9 % of draws (by construction they should be all equal), log-probs to 1e-4, and the
-//! device Philox equal to the host one.
+//! CUDA sampler against the CPU reference on a GPU: the same token for the same key on every
+//! draw (the kernels take the same keys and make the same integer draw as the CPU reference,
+//! so the tokens are equal by construction), log-probs to 1e-4, and the device Philox equal to
+//! the host one.
 #![cfg(feature = "cuda")]
 
 mod golden;
@@ -75,7 +76,8 @@ fn gpu_tokens_match_cpu_reference() {
             },
         ),
     ];
-    let (mut draws, mut same) = (0usize, 0usize);
+    let mut draws = 0usize;
+    let mut mismatches = Vec::new();
     let mut worst_logprob = 0.0f32;
     for (c, (vocab, rows, params)) in cases.iter().enumerate() {
         for step in 0..4u64 {
@@ -93,18 +95,27 @@ fn gpu_tokens_match_cpu_reference() {
             let gpu = s
                 .sample_device(&dev_logits.as_view(), *vocab, params, &keys)
                 .unwrap();
-            for (a, b) in cpu.iter().zip(&gpu) {
+            assert_eq!(cpu.len(), gpu.len());
+            for (row, (a, b)) in cpu.iter().zip(&gpu).enumerate() {
                 draws += 1;
                 if a.token == b.token {
-                    same += 1;
                     worst_logprob = worst_logprob.max((a.logprob - b.logprob).abs());
+                } else {
+                    mismatches.push((c, step, row, a.token, b.token));
                 }
             }
         }
     }
-    let agreement = same as f64 / draws as f64;
-    eprintln!("GPU vs CPU: {same}/{draws} tokens equal, worst log-prob diff {worst_logprob:e}");
-    assert!(agreement >= 0.999, "only {same}/{draws} tokens equal");
+    eprintln!(
+        "GPU vs CPU: {}/{draws} tokens equal, worst log-prob diff {worst_logprob:e}",
+        draws - mismatches.len()
+    );
+    assert!(
+        mismatches.is_empty(),
+        "{} of {draws} draws differ (case, step, row, cpu token, gpu token), first ones: {:?}",
+        mismatches.len(),
+        &mismatches[..mismatches.len().min(8)]
+    );
     assert!(worst_logprob <= 1e-4, "log-prob differs by {worst_logprob}");
 }
 

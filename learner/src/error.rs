@@ -81,6 +81,9 @@ pub enum LearnerError {
     /// The run's initial model could not be built.
     #[error(transparent)]
     InitialModel(#[from] cascade_shared::model::InitialModelError),
+    /// The reward head could not score (empty or too long sequence, bad head shape).
+    #[error(transparent)]
+    RewardHead(#[from] cascade_shared::reward_head::RewardHeadError),
     /// The tokenizer or chat template failed (from `cascade-shared`).
     #[error(transparent)]
     Chat(#[from] cascade_shared::chat::ChatError),

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use cascade_actor::dataset::Dataset;
 use cascade_actor::eval::{evaluate, EvalOptions};
-use cascade_actor::run::verifier_for;
+use cascade_actor::verifiers::verifier_for;
 use cascade_shared::chat::Chat;
 use cascade_shared::config::VerifierConfig;
 use cascade_shared::device::parse_device;

@@ -1,0 +1,116 @@
+//! The verifier of a stage: which [`Verifier`] scores a stage kind, built from the stage's
+//! `[verifier]` options ([`verifier_for`]), and the actor's wait for a reward model that the
+//! learner trains inside the run ([`build_verifier`]). Used by the actor's run loop and by the
+//! binary's `eval` and held-out evaluation.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use candle_core::Device;
+use cascade_rewards::code::{CodeConfig, SandboxConfig};
+use cascade_rewards::ifeval::{IfEvalConfig, IfEvalMode};
+use cascade_rewards::math::MathConfig;
+use cascade_rewards::{CodeVerifier, IfEvalVerifier, MathVerifier, SweVerifier, Verifier};
+use cascade_shared::config::{IfStrictness, RunConfig, VerifierConfig};
+use cascade_shared::StageKind;
+
+use crate::error::{ActorError, Result};
+use crate::judge::JudgeScorer;
+use crate::reward_model::RewardModel;
+
+/// The verifier of a stage kind with the stage's verifier options. `rm_dir` is the reward
+/// model (rlhf), `judge_dir` the SWE judge model (resolved paths; `None`: no judge, the
+/// lexical fallback).
+pub fn verifier_for(
+    kind: StageKind,
+    v: &VerifierConfig,
+    rm_dir: Option<&Path>,
+    judge_dir: Option<&Path>,
+    device: &Device,
+) -> Result<Arc<dyn Verifier>> {
+    Ok(match kind {
+        StageKind::Math => Arc::new(MathVerifier::new(MathConfig {
+            percent_equivalence: v.math_percent_equivalence,
+            ..MathConfig::default()
+        })),
+        StageKind::If => Arc::new(IfEvalVerifier::new(IfEvalConfig {
+            mode: if v.if_strictness == IfStrictness::Loose {
+                IfEvalMode::Loose
+            } else {
+                IfEvalMode::Strict
+            },
+            ..IfEvalConfig::default()
+        })),
+        StageKind::Code => Arc::new(
+            CodeVerifier::new(CodeConfig {
+                default_timeout_s: v.code_timeout_s,
+                sandbox: SandboxConfig {
+                    address_space_bytes: v.code_memory_mb.saturating_mul(1 << 20),
+                    ..SandboxConfig::default()
+                },
+            })
+            .map_err(|e| ActorError::Invalid(format!("code verifier: {e}")))?,
+        ),
+        StageKind::Swe => match judge_dir {
+            Some(dir) => Arc::new(SweVerifier::new(Box::new(JudgeScorer::load(dir, device)?))),
+            None => Arc::new(SweVerifier::default()),
+        },
+        StageKind::Rlhf => {
+            let dir = rm_dir.ok_or_else(|| {
+                ActorError::Invalid("the rlhf verifier needs a reward model".into())
+            })?;
+            Arc::new(RewardModel::load(dir, device)?)
+        }
+        StageKind::Sft => {
+            return Err(ActorError::Invalid(
+                "SFT data has no verifier (no rollouts)".into(),
+            ))
+        }
+    })
+}
+
+/// The verifier of stage `index`. A reward model that the learner trains inside the run
+/// (`[reward_model]`) is waited for (until its `COMPLETE` marker appears or `stop` is set).
+pub fn build_verifier(
+    index: usize,
+    config: &RunConfig,
+    run_dir: &Path,
+    device: &Device,
+    stop: &AtomicBool,
+) -> Result<Arc<dyn Verifier>> {
+    let stage = config.stages.get(index).ok_or_else(|| {
+        ActorError::Invalid(format!("stage index {index} is not in the run config"))
+    })?;
+    let rm_dir = config.reward_model_dir(index, run_dir);
+    if stage.kind == StageKind::Rlhf && rm_dir.is_none() {
+        return Err(ActorError::Invalid(format!(
+            "stage {}: rlhf needs verifier.reward_model or a [reward_model] section",
+            stage.name
+        )));
+    }
+    if let (true, Some(dir)) = (config.uses_trained_reward_model(index), &rm_dir) {
+        let mut logged = false;
+        while !dir.join("COMPLETE").exists() {
+            if stop.load(Ordering::Relaxed) {
+                return Err(ActorError::Invalid(
+                    "stopped while waiting for the reward model".into(),
+                ));
+            }
+            if !logged {
+                tracing::info!("waiting for the learner to train {}", dir.display());
+                logged = true;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    let judge = stage.verifier.swe_judge.as_ref().map(|p| config.resolve(p));
+    verifier_for(
+        stage.kind,
+        &stage.verifier,
+        rm_dir.as_deref(),
+        judge.as_deref(),
+        device,
+    )
+}
