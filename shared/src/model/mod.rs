@@ -10,6 +10,7 @@
 mod causal_lm;
 mod config;
 mod decode;
+pub mod flash_attn;
 mod layers;
 mod weights;
 
@@ -18,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor, Var};
 
-pub use causal_lm::{compute_dtype, CausalLm};
+pub use causal_lm::{compute_dtype, AttentionImpl, CausalLm};
 pub use config::{ModelConfig, ModelType};
 pub use decode::{argmax, DecodeBatch};
 pub use layers::{gather_logprobs, OpsMode};
