@@ -163,12 +163,12 @@ fn dot4<const FMA: bool>(a: &[f32], b: [&[f32]; 4]) -> [f32; 4] {
     }
     let tail = a.len() - a.len() % LANES;
     let mut out = [0f32; 4];
-    for u in 0..4 {
+    for ((o, acc), b) in out.iter_mut().zip(&acc).zip(b) {
         let mut s = 0f32;
-        for (&x, &y) in a[tail..].iter().zip(&b[u][tail..]) {
+        for (&x, &y) in a[tail..].iter().zip(&b[tail..]) {
             s = madd::<FMA>(x, y, s);
         }
-        out[u] = acc[u].iter().sum::<f32>() + s;
+        *o = acc.iter().sum::<f32>() + s;
     }
     out
 }
@@ -241,6 +241,7 @@ struct FwdTask<'a, T> {
 
 /// Forward of all heads. `out` `(b, heads, t, d)` and `lse` `(b, heads, t)` are written in
 /// full; rows outside every segment get zeros and `L = +inf`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn forward<T: Elem>(
     q: &[T],
     k: &[T],

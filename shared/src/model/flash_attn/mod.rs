@@ -237,7 +237,7 @@ pub fn flash_attn(
     if !q.device().is_cpu() || !k.device().is_cpu() || !v.device().is_cpu() {
         candle_core::bail!(
             "flash_attn: only a CPU kernel exists (device {:?}); use the unfused attention",
-            q.device().location()
+            q.device()
         );
     }
     segments.check_shape(b, t).map_err(candle_core::Error::wrap)?;

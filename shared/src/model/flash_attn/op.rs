@@ -3,6 +3,7 @@
 
 use std::sync::{Arc, OnceLock};
 
+use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor};
 
 use super::cpu::{self, Dims, Elem};
