@@ -25,15 +25,18 @@ fn unfused(q: &Tensor, k: &Tensor, v: &Tensor) -> candle_core::Result<Tensor> {
     let nkv = k.dim(1)?;
     let rep = nh / nkv;
     let bias: Vec<f32> = (0..t * t)
-        .map(|x| if x % t <= x / t { 0.0 } else { f32::NEG_INFINITY })
+        .map(|x| {
+            if x % t <= x / t {
+                0.0
+            } else {
+                f32::NEG_INFINITY
+            }
+        })
         .collect();
     let bias = Tensor::from_vec(bias, (1, 1, 1, t, t), &Device::Cpu)?;
-    let scores = (q
-        .reshape((b, nkv, rep * t, d))?
-        .matmul(&k.t()?)?
-        * (1.0 / (d as f64).sqrt()))?
-    .reshape((b, nkv, rep, t, t))?
-    .broadcast_add(&bias)?;
+    let scores = (q.reshape((b, nkv, rep * t, d))?.matmul(&k.t()?)? * (1.0 / (d as f64).sqrt()))?
+        .reshape((b, nkv, rep, t, t))?
+        .broadcast_add(&bias)?;
     let max = scores.max_keepdim(D::Minus1)?.detach();
     let e = scores.broadcast_sub(&max)?.exp()?;
     let p = e

@@ -73,7 +73,11 @@ fn errors(a: &Tensor, b: &Tensor) -> Result<(f32, f32)> {
     assert_eq!(a.dims(), b.dims());
     let a = a.to_dtype(DType::F32)?;
     let b = b.to_dtype(DType::F32)?;
-    let abs = (&a - &b)?.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?;
+    let abs = (&a - &b)?
+        .abs()?
+        .flatten_all()?
+        .max(0)?
+        .to_scalar::<f32>()?;
     let top = b.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?;
     Ok((abs, if top > 0.0 { abs / top } else { abs }))
 }
@@ -129,7 +133,10 @@ fn cases() -> Vec<Case> {
             kv_heads: 1,
             t: 200,
             d: 8,
-            segments: vec![vec![(0, 63), (63, 129), (129, 200)], vec![(1, 64), (65, 66)]],
+            segments: vec![
+                vec![(0, 63), (63, 129), (129, 200)],
+                vec![(1, 64), (65, 66)],
+            ],
         },
     ]
 }
@@ -145,7 +152,11 @@ fn run_case(c: &Case, dtype: DType, seed: u64) -> Result<[(f32, f32); 4]> {
     let scale = 1.0 / (c.d as f32).sqrt();
     let mut results = Vec::new();
     for fused in [true, false] {
-        let (qv, kv, vv) = (Var::from_tensor(&q)?, Var::from_tensor(&k)?, Var::from_tensor(&v)?);
+        let (qv, kv, vv) = (
+            Var::from_tensor(&q)?,
+            Var::from_tensor(&k)?,
+            Var::from_tensor(&v)?,
+        );
         let out = if fused {
             flash_attn(&qv, &kv, &vv, &segments, None)?
         } else {
@@ -206,7 +217,11 @@ fn padding_rows_are_zero_with_zero_gradients() -> Result<()> {
     let out = flash_attn(&q, &k, &v, &segments, None)?;
     let grads = out.sqr()?.sum_all()?.backward()?;
     for pad in [0usize, 1, 5, 9] {
-        let o = out.narrow(2, pad, 1)?.abs()?.sum_all()?.to_scalar::<f32>()?;
+        let o = out
+            .narrow(2, pad, 1)?
+            .abs()?
+            .sum_all()?
+            .to_scalar::<f32>()?;
         assert_eq!(o, 0.0, "output at padding {pad}");
         for (name, x) in [("q", &q), ("k", &k), ("v", &v)] {
             let g = grads.get(x.as_tensor()).context("gradient")?;
@@ -262,7 +277,9 @@ fn bad_segments_and_shapes_are_errors() -> Result<()> {
     let k = Tensor::zeros((1, 2, 10, 8), DType::F32, &Device::Cpu)?;
     // Segments for another batch size / length.
     let wrong = Arc::new(Segments::causal(2, 10));
-    let err = flash_attn(&q, &k, &k, &wrong, None).unwrap_err().to_string();
+    let err = flash_attn(&q, &k, &k, &wrong, None)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("2 rows"), "{err}");
     let wrong = Arc::new(Segments::causal(1, 9));
     assert!(flash_attn(&q, &k, &k, &wrong, None).is_err());

@@ -218,7 +218,7 @@ fn fast_exp<const FMA: bool>(x: f32) -> f32 {
     p = madd::<FMA>(p, r, 8.333_452e-3);
     p = madd::<FMA>(p, r, 4.166_579_6e-2);
     p = madd::<FMA>(p, r, 1.666_666_5e-1);
-    p = madd::<FMA>(p, r, 5.000_000_1e-1);
+    p = madd::<FMA>(p, r, 0.5);
     let y = madd::<FMA>(p, r * r, r) + 1.0;
     // 2^n by building the exponent bits; n is in [-126, 128] after the clamp.
     let two_n = f32::from_bits(((n as i32 + 127).clamp(1, 254) as u32) << 23);
@@ -373,7 +373,10 @@ fn forward_block<T: Elem, const FMA: bool>(task: &FwdTask<'_, T>, out: &mut [T],
                 *x = fast_exp::<FMA>(*x - m_new);
             }
             l[r] += s.iter().sum::<f32>();
-            for (&p, v_j) in s.iter().zip(v_t[(a - k0) * d..(e - k0) * d].chunks_exact(d)) {
+            for (&p, v_j) in s
+                .iter()
+                .zip(v_t[(a - k0) * d..(e - k0) * d].chunks_exact(d))
+            {
                 axpy::<FMA>(acc_r, p, v_j);
             }
         }
@@ -502,7 +505,12 @@ fn backward_group<T: Elem, const FMA: bool>(
         .o
         .chunks_exact(d)
         .zip(task.d_o.chunks_exact(d))
-        .map(|(o, g)| o.iter().zip(g).map(|(&o, &g)| o.to_f32() * g.to_f32()).sum())
+        .map(|(o, g)| {
+            o.iter()
+                .zip(g)
+                .map(|(&o, &g)| o.to_f32() * g.to_f32())
+                .sum()
+        })
         .collect();
     let mut dq_acc = vec![0f32; rep * t * d];
     let mut dk_acc = vec![0f32; BLOCK_K * d];
@@ -578,10 +586,8 @@ fn backward_group<T: Elem, const FMA: bool>(
                     let dkv = dk_acc[(a - k0) * d..(e - k0) * d]
                         .chunks_exact_mut(d)
                         .zip(dv_acc[(a - k0) * d..(e - k0) * d].chunks_exact_mut(d));
-                    for ((((dk_j, dv_j), k_j), &p), &ds) in dkv
-                        .zip(keys.chunks_exact(d))
-                        .zip(p.iter())
-                        .zip(dp.iter())
+                    for ((((dk_j, dv_j), k_j), &p), &ds) in
+                        dkv.zip(keys.chunks_exact(d)).zip(p.iter()).zip(dp.iter())
                     {
                         axpy::<FMA>(dv_j, p, g_r);
                         axpy::<FMA>(dk_j, ds, q_r);

@@ -240,7 +240,9 @@ pub fn flash_attn(
             q.device()
         );
     }
-    segments.check_shape(b, t).map_err(candle_core::Error::wrap)?;
+    segments
+        .check_shape(b, t)
+        .map_err(candle_core::Error::wrap)?;
     let scale = scale.unwrap_or(1.0 / (d as f32).sqrt());
     let op = FlashAttn::new(segments.clone(), scale);
     q.contiguous()?
@@ -256,7 +258,11 @@ mod tests {
         assert!(Segments::new(8, vec![vec![(0, 3), (3, 8)], vec![(2, 5)]]).is_ok());
         assert!(matches!(
             Segments::new(8, vec![vec![(0, 3), (2, 8)]]),
-            Err(SegmentError::Overlap { row: 0, index: 1, .. })
+            Err(SegmentError::Overlap {
+                row: 0,
+                index: 1,
+                ..
+            })
         ));
         assert!(matches!(
             Segments::new(8, vec![vec![(4, 8), (0, 3)]]),

@@ -37,8 +37,7 @@ impl FlashAttn {
 fn dims_of(segments: &Segments, q: &Layout, k: &Layout, v: &Layout) -> candle_core::Result<Dims> {
     let (b, heads, t, d) = q.shape().dims4()?;
     let (bk, kv_heads, tk, dk) = k.shape().dims4()?;
-    if (bk, tk, dk) != (b, t, d) || v.dims() != k.dims() || kv_heads == 0 || heads % kv_heads != 0
-    {
+    if (bk, tk, dk) != (b, t, d) || v.dims() != k.dims() || kv_heads == 0 || heads % kv_heads != 0 {
         candle_core::bail!(
             "flash-attn: q {:?}, k {:?}, v {:?} do not fit (b, heads, t, d) / (b, kv_heads, t, d)",
             q.dims(),
