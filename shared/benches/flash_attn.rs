@@ -1,5 +1,5 @@
-//! Fused attention against the unfused candle-ops path (scores + dense mask + softmax), forward
-//! + backward, same process; then the peak-RSS growth of the fused op alone against `t`.
+//! The peak-RSS growth of the fused attention against `t`; then the fused op against the
+//! unfused candle-ops path (scores + dense mask + softmax), forward + backward, same process.
 //!
 //! `cargo bench -p cascade-shared --bench flash_attn -- [heads kv_heads head_dim lengths...]`
 //! (default: 16 heads, 8 kv heads, head_dim 128 — Qwen3-0.6B's attention — at t = 512, 2048).
@@ -95,21 +95,9 @@ fn main() -> candle_core::Result<()> {
     } else {
         vec![512, 2048]
     };
-    let threads = rayon::current_num_threads();
-    for &t in &lengths {
-        let vars = inputs(heads, kv, t, d)?;
-        let segments = Arc::new(Segments::causal(1, t));
-        let fused = move |q: &Tensor, k: &Tensor, v: &Tensor| flash_attn(q, k, v, &segments, None);
-        let (ff, ft) = time_fwd_bwd(&fused, &vars)?;
-        let (uf, ut) = time_fwd_bwd(&unfused, &vars)?;
-        println!(
-            "{{\"bench\": \"attention\", \"heads\": {heads}, \"kv_heads\": {kv}, \"head_dim\": {d}, \
-             \"t\": {t}, \"threads\": {threads}, \"fused_fwd_s\": {ff:.4}, \"fused_fwd_bwd_s\": {ft:.4}, \
-             \"unfused_fwd_s\": {uf:.4}, \"unfused_fwd_bwd_s\": {ut:.4}, \"speedup_fwd_bwd\": {:.2}}}",
-            ut / ft
-        );
-    }
-    // Peak RSS growth of the fused op (1 head, d = 64) against t.
+    // Peak RSS growth of the fused op (1 head, d = 64) against t, first, before the unfused
+    // path's large buffers make the allocator keep freed memory resident. The growth includes
+    // the O(t · d) inputs' gradients, output and the backward's packed copies.
     for t in [1024usize, 2048, 4096, 8192, 16384] {
         let vars = inputs(1, 1, t, 64)?;
         let segments = Arc::new(Segments::causal(1, t));
@@ -123,6 +111,20 @@ fn main() -> candle_core::Result<()> {
             "{{\"bench\": \"fused_attention_peak_rss\", \"t\": {t}, \"head_dim\": 64, \
              \"peak_growth_kib\": {grown}, \"t_by_t_f32_kib\": {}}}",
             t * t * 4 / 1024
+        );
+    }
+    let threads = rayon::current_num_threads();
+    for &t in &lengths {
+        let vars = inputs(heads, kv, t, d)?;
+        let segments = Arc::new(Segments::causal(1, t));
+        let fused = move |q: &Tensor, k: &Tensor, v: &Tensor| flash_attn(q, k, v, &segments, None);
+        let (ff, ft) = time_fwd_bwd(&fused, &vars)?;
+        let (uf, ut) = time_fwd_bwd(&unfused, &vars)?;
+        println!(
+            "{{\"bench\": \"attention\", \"heads\": {heads}, \"kv_heads\": {kv}, \"head_dim\": {d}, \
+             \"t\": {t}, \"threads\": {threads}, \"fused_fwd_s\": {ff:.4}, \"fused_fwd_bwd_s\": {ft:.4}, \
+             \"unfused_fwd_s\": {uf:.4}, \"unfused_fwd_bwd_s\": {ut:.4}, \"speedup_fwd_bwd\": {:.2}}}",
+            ut / ft
         );
     }
     Ok(())

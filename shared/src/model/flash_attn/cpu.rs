@@ -204,6 +204,34 @@ fn axpy<const FMA: bool>(y: &mut [f32], alpha: f32, x: &[f32]) {
     }
 }
 
+/// `y += Σ_u alpha[u] * rows[u]` for `rows` the `alpha.len()` consecutive rows (`d` each) of
+/// `rows`: four rows per pass over `y`, so that `y` is loaded and stored once per four rows.
+#[inline(always)]
+fn add_rows<const FMA: bool>(y: &mut [f32], alpha: &[f32], rows: &[f32], d: usize) {
+    let mut quads = rows.chunks_exact(4 * d);
+    let mut coefs = alpha.chunks_exact(4);
+    for (quad, a) in quads.by_ref().zip(coefs.by_ref()) {
+        let (x0, rest) = quad.split_at(d);
+        let (x1, rest) = rest.split_at(d);
+        let (x2, x3) = rest.split_at(d);
+        let (a0, a1, a2, a3) = (a[0], a[1], a[2], a[3]);
+        for ((((y, &x0), &x1), &x2), &x3) in y.iter_mut().zip(x0).zip(x1).zip(x2).zip(x3) {
+            *y = madd::<FMA>(
+                a3,
+                x3,
+                madd::<FMA>(a2, x2, madd::<FMA>(a1, x1, madd::<FMA>(a0, x0, *y))),
+            );
+        }
+    }
+    for (&a, x) in coefs
+        .remainder()
+        .iter()
+        .zip(quads.remainder().chunks_exact(d))
+    {
+        axpy::<FMA>(y, a, x);
+    }
+}
+
 /// `exp(x)` as a polynomial (Cephes `expf`: range reduction by ln 2, degree-6 minimax), within
 /// 2 ulp of `f32::exp` on `[-87, 88]`; vectorises where the libm call does not. Inputs below
 /// -87.3 return ~1e-38 instead of 0 (only differences `s - max <= 0` are passed).
@@ -373,12 +401,7 @@ fn forward_block<T: Elem, const FMA: bool>(task: &FwdTask<'_, T>, out: &mut [T],
                 *x = fast_exp::<FMA>(*x - m_new);
             }
             l[r] += s.iter().sum::<f32>();
-            for (&p, v_j) in s
-                .iter()
-                .zip(v_t[(a - k0) * d..(e - k0) * d].chunks_exact(d))
-            {
-                axpy::<FMA>(acc_r, p, v_j);
-            }
+            add_rows::<FMA>(acc_r, s, &v_t[(a - k0) * d..(e - k0) * d], d);
         }
         k0 += nk;
     }
@@ -517,8 +540,10 @@ fn backward_group<T: Elem, const FMA: bool>(
     let mut dv_acc = vec![0f32; BLOCK_K * d];
     let (mut k_buf, mut v_buf, mut q_buf, mut g_buf) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let mut p = [0f32; BLOCK_K];
-    let mut dp = [0f32; BLOCK_K];
+    let mut p_tile = vec![0f32; BLOCK_Q * BLOCK_K];
+    let mut ds_tile = vec![0f32; BLOCK_Q * BLOCK_K];
+    let mut p_col = [0f32; BLOCK_Q];
+    let mut ds_col = [0f32; BLOCK_Q];
     // 2. Key tiles; each accumulates its dK/dV over every query that sees it.
     for (kb, (dk_blk, dv_blk)) in dk
         .chunks_mut(BLOCK_K * d)
@@ -552,10 +577,18 @@ fn backward_group<T: Elem, const FMA: bool>(
                 let q_t = T::as_f32(&task.q[rows.start * d..rows.end * d], &mut q_buf);
                 let g_t = T::as_f32(&task.d_o[rows.start * d..rows.end * d], &mut g_buf);
                 let dq_t = &mut dq_acc[rows.start * d..rows.end * d];
-                for (r, ((q_r, g_r), dq_r)) in q_t
+                // 2a. Row by row: P = exp(S - L), dP = dO Vᵀ, dS = P ∘ (dP − D) (times the
+                //     scale of S) into (nq, nk) tiles, zero where a key is invisible; dQ += dS K.
+                let p_t = &mut p_tile[..nq * nk];
+                let ds_t = &mut ds_tile[..nq * nk];
+                p_t.fill(0.0);
+                ds_t.fill(0.0);
+                let mut first_row = nq;
+                for (r, (((q_r, g_r), dq_r), (p, ds))) in q_t
                     .chunks_exact(d)
                     .zip(g_t.chunks_exact(d))
                     .zip(dq_t.chunks_exact_mut(d))
+                    .zip(p_t.chunks_exact_mut(nk).zip(ds_t.chunks_exact_mut(nk)))
                     .enumerate()
                 {
                     let i = q0 + r;
@@ -568,30 +601,39 @@ fn backward_group<T: Elem, const FMA: bool>(
                     if a >= e {
                         continue;
                     }
+                    first_row = first_row.min(r);
                     let (lse_i, delta_i) = (task.lse[rows.start + r], delta[rows.start + r]);
                     let keys = &k_t[(a - k0) * d..(e - k0) * d];
-                    let values = &v_t[(a - k0) * d..(e - k0) * d];
-                    let p = &mut p[..e - a];
-                    let dp = &mut dp[..e - a];
-                    // P = exp(S - L), dP = dO Vᵀ, dS = P ∘ (dP − D) (times the scale of S).
+                    let p = &mut p[a - k0..e - k0];
+                    let ds = &mut ds[a - k0..e - k0];
                     scores::<FMA>(q_r, keys, d, task.scale, p);
                     for x in p.iter_mut() {
                         *x = fast_exp::<FMA>(*x - lse_i);
                     }
-                    scores::<FMA>(g_r, values, d, 1.0, dp);
-                    for (ds, &p) in dp.iter_mut().zip(p.iter()) {
+                    scores::<FMA>(g_r, &v_t[(a - k0) * d..(e - k0) * d], d, 1.0, ds);
+                    for (ds, &p) in ds.iter_mut().zip(p.iter()) {
                         *ds = p * (*ds - delta_i) * task.scale;
                     }
-                    // dV += Pᵀ dO, dK += dSᵀ Q, dQ += dS K.
-                    let dkv = dk_acc[(a - k0) * d..(e - k0) * d]
+                    add_rows::<FMA>(dq_r, ds, keys, d);
+                }
+                // 2b. Key by key: dV += Pᵀ dO, dK += dSᵀ Q over the rows that see any key.
+                if first_row < nq {
+                    let (q_rows, g_rows) = (&q_t[first_row * d..], &g_t[first_row * d..]);
+                    for (j, (dk_j, dv_j)) in dk_acc
                         .chunks_exact_mut(d)
-                        .zip(dv_acc[(a - k0) * d..(e - k0) * d].chunks_exact_mut(d));
-                    for ((((dk_j, dv_j), k_j), &p), &ds) in
-                        dkv.zip(keys.chunks_exact(d)).zip(p.iter()).zip(dp.iter())
+                        .zip(dv_acc.chunks_exact_mut(d))
+                        .enumerate()
                     {
-                        axpy::<FMA>(dv_j, p, g_r);
-                        axpy::<FMA>(dk_j, ds, q_r);
-                        axpy::<FMA>(dq_r, ds, k_j);
+                        let n = nq - first_row;
+                        for (r, (pc, dc)) in
+                            p_col.iter_mut().zip(ds_col.iter_mut()).take(n).enumerate()
+                        {
+                            let at = (first_row + r) * nk + j;
+                            *pc = p_t[at];
+                            *dc = ds_t[at];
+                        }
+                        add_rows::<FMA>(dv_j, &p_col[..n], g_rows, d);
+                        add_rows::<FMA>(dk_j, &ds_col[..n], q_rows, d);
                     }
                 }
                 q0 += nq;
