@@ -192,15 +192,17 @@ fn forward_and_gradients_equal_the_unfused_path_f32() -> Result<()> {
 }
 
 #[test]
-fn forward_and_gradients_equal_the_unfused_path_bf16() -> Result<()> {
+fn forward_and_gradients_equal_the_unfused_path_bf16_f16() -> Result<()> {
     for (i, c) in cases().iter().enumerate() {
         if c.t > 200 {
             continue;
         }
-        let errs = run_case(c, DType::BF16, 100 + i as u64)?;
-        eprintln!("bf16 {}: (max abs, rel) out/dq/dk/dv {errs:?}", c.name);
-        for (what, (_, rel)) in ["out", "dq", "dk", "dv"].iter().zip(errs) {
-            assert!(rel < 1e-2, "{} {what}: relative error {rel}", c.name);
+        for dtype in [DType::BF16, DType::F16] {
+            let errs = run_case(c, dtype, 100 + i as u64)?;
+            eprintln!("{dtype:?} {}: (max abs, rel) out/dq/dk/dv {errs:?}", c.name);
+            for (what, (_, rel)) in ["out", "dq", "dk", "dv"].iter().zip(errs) {
+                assert!(rel < 1e-2, "{dtype:?} {} {what}: relative error {rel}", c.name);
+            }
         }
     }
     Ok(())
