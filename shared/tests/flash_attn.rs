@@ -201,7 +201,11 @@ fn forward_and_gradients_equal_the_unfused_path_bf16_f16() -> Result<()> {
             let errs = run_case(c, dtype, 100 + i as u64)?;
             eprintln!("{dtype:?} {}: (max abs, rel) out/dq/dk/dv {errs:?}", c.name);
             for (what, (_, rel)) in ["out", "dq", "dk", "dv"].iter().zip(errs) {
-                assert!(rel < 1e-2, "{dtype:?} {} {what}: relative error {rel}", c.name);
+                assert!(
+                    rel < 1e-2,
+                    "{dtype:?} {} {what}: relative error {rel}",
+                    c.name
+                );
             }
         }
     }
