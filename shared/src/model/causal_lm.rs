@@ -1,15 +1,38 @@
 //! The decoder-only language model shared by Qwen3, Qwen2 and Llama.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use candle_core::{DType, Device, Module, Tensor};
 
 use super::config::ModelConfig;
+use super::flash_attn::{flash_attn, Segments};
 use super::layers::{
     apply_rotary, gather_logprobs, softmax_last, Linear, Mlp, OpsMode, RmsNorm, Rotary,
 };
-use super::weights::parameter_shapes;
+use super::config::parameter_shapes;
 use super::{ModelError, Result};
+
+/// How the full-sequence (training) forward computes attention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AttentionImpl {
+    /// The fused causal attention op ([`super::flash_attn`]): never materialises the `t × t`
+    /// scores, masks by segments. Used where it has a kernel (the CPU, f32/bf16/f16) and the
+    /// mask is expressible as segments; elsewhere the unfused path runs.
+    #[default]
+    Fused,
+    /// Scores, a dense `t × t` additive mask and a softmax as separate candle ops (the
+    /// reference the fused op is checked against; the path on a GPU until it has a kernel).
+    Unfused,
+}
+
+/// The attention mask of a forward pass.
+pub(crate) enum AttnMask<'a> {
+    /// `(b, 1, s, keys)` additive bias (0 or -inf).
+    Dense(&'a Tensor),
+    /// Segments of the fused op (full-sequence forward only: keys are the queries).
+    Segments(&'a Arc<Segments>),
+}
 
 /// Where a layer finds and stores keys/values during a forward pass.
 pub(crate) enum KvMode<'a> {
@@ -39,13 +62,14 @@ struct Attention {
 }
 
 impl Attention {
-    /// `x`: `(b, s, hidden)`; `bias`: `(b, 1, s, keys)` additive mask (0 or -inf).
+    /// `x`: `(b, s, hidden)`; `mask`: a `(b, 1, s, keys)` additive bias (0 or -inf) or the
+    /// segments of the fused op.
     fn forward(
         &self,
         x: &Tensor,
         cos: &Tensor,
         sin: &Tensor,
-        bias: &Tensor,
+        mask: &AttnMask<'_>,
         mode: OpsMode,
         kv: (&mut KvMode<'_>, usize),
     ) -> Result<Tensor> {
@@ -84,6 +108,20 @@ impl Attention {
             }
         };
         let keys = k_all.dim(2)?;
+        let bias = match mask {
+            AttnMask::Dense(bias) => *bias,
+            AttnMask::Segments(segments) => {
+                if keys != s {
+                    return Err(ModelError::Config(format!(
+                        "fused attention over {keys} cached keys for {s} queries"
+                    )));
+                }
+                // 5'. Fused: (b, heads, s, hd), GQA read in place, no (s, keys) tensor.
+                let out = flash_attn(&q, &k_all, &v_all, segments, None)?;
+                let out = out.transpose(1, 2)?.reshape((b, s, nh * hd))?;
+                return Ok(self.o.forward(&out)?);
+            }
+        };
         // 5. Grouped-query attention without copying k/v per query head: the `rep` query heads
         //    of a kv group become extra rows, (b, n_kv, rep * s, hd).
         let rep = nh / nkv;
@@ -130,6 +168,7 @@ pub struct CausalLm {
     rotary: Rotary,
     dtype: DType,
     device: Device,
+    attention: AttentionImpl,
 }
 
 impl CausalLm {
@@ -258,7 +297,32 @@ impl CausalLm {
             rotary,
             dtype,
             device,
+            attention: AttentionImpl::default(),
         })
+    }
+
+    /// Chooses how the full-sequence forward computes attention (default
+    /// [`AttentionImpl::Fused`]). The decode path is unaffected.
+    pub fn set_attention(&mut self, attention: AttentionImpl) {
+        self.attention = attention;
+    }
+
+    /// [`CausalLm::set_attention`] by value.
+    pub fn with_attention(mut self, attention: AttentionImpl) -> CausalLm {
+        self.attention = attention;
+        self
+    }
+
+    /// How the full-sequence forward computes attention.
+    pub fn attention(&self) -> AttentionImpl {
+        self.attention
+    }
+
+    /// Whether the full-sequence forward can use the fused attention on this device and dtype.
+    fn fused_attention(&self) -> bool {
+        self.attention == AttentionImpl::Fused
+            && self.device.is_cpu()
+            && matches!(self.dtype, DType::F32 | DType::BF16 | DType::F16)
     }
 
     /// The model's config.
@@ -284,6 +348,18 @@ impl CausalLm {
         positions: &Tensor,
         bias: &Tensor,
         mode: OpsMode,
+        kv: KvMode<'_>,
+    ) -> Result<Tensor> {
+        self.run_layers_masked(input_ids, positions, &AttnMask::Dense(bias), mode, kv)
+    }
+
+    /// [`CausalLm::run_layers`] with either mask.
+    fn run_layers_masked(
+        &self,
+        input_ids: &Tensor,
+        positions: &Tensor,
+        mask: &AttnMask<'_>,
+        mode: OpsMode,
         mut kv: KvMode<'_>,
     ) -> Result<Tensor> {
         let (b, s) = input_ids.dims2()?;
@@ -299,7 +375,7 @@ impl CausalLm {
             let h = layer.input_norm.forward(&x, mode)?;
             let a = layer
                 .attn
-                .forward(&h, &cos, &sin, bias, mode, (&mut kv, i))?;
+                .forward(&h, &cos, &sin, mask, mode, (&mut kv, i))?;
             x = (x + a)?;
             let h = layer.post_norm.forward(&x, mode)?;
             x = (&x + layer.mlp.forward(&h)?)?;
@@ -342,14 +418,36 @@ impl CausalLm {
     /// token, 0 = padding; left or right padding), or `None` for no padding. Differentiable.
     /// A packed row numbers its sequences instead (1, 1, 1, 2, 2, 0, ...): each attends only
     /// within itself and its positions restart at 0, as if it were alone.
+    ///
+    /// With the fused attention (the default on the CPU) the mask becomes per-row segments and
+    /// no `t × t` tensor is built; padded positions then hold the output of a zero attention
+    /// (garbage either way, masked by the caller). A mask whose segment id recurs after a gap
+    /// or another id is not a set of segments and takes the unfused path.
     pub fn forward_hidden(
         &self,
         input_ids: &Tensor,
         attention_mask: Option<&Tensor>,
     ) -> Result<Tensor> {
-        let (positions, bias) = full_sequence_layout(input_ids, attention_mask, &self.device)?;
+        let (b, t) = input_ids.dims2()?;
+        let rows = mask_rows(input_ids, attention_mask)?;
+        let positions = Tensor::from_vec(mask_positions(&rows), (b, t), &self.device)?;
         self.check_inputs(input_ids, &positions)?;
-        self.run_layers(input_ids, &positions, &bias, OpsMode::Train, KvMode::Own)
+        let segments = if self.fused_attention() {
+            mask_segments(&rows, t)
+        } else {
+            None
+        };
+        let (mode, kv) = (OpsMode::Train, KvMode::Own);
+        match segments {
+            Some(segments) => {
+                let mask = AttnMask::Segments(&Arc::new(segments));
+                self.run_layers_masked(input_ids, &positions, &mask, mode, kv)
+            }
+            None => {
+                let bias = dense_bias(&rows, &self.device)?;
+                self.run_layers(input_ids, &positions, &bias, mode, kv)
+            }
+        }
     }
 
     /// Logits `(b, t, vocab)` (f32) of a full sequence. Differentiable.
@@ -449,7 +547,15 @@ pub(crate) fn full_sequence_layout(
     device: &Device,
 ) -> Result<(Tensor, Tensor)> {
     let (b, t) = input_ids.dims2()?;
-    let mask: Vec<Vec<u32>> = match attention_mask {
+    let rows = mask_rows(input_ids, attention_mask)?;
+    let positions = Tensor::from_vec(mask_positions(&rows), (b, t), device)?;
+    Ok((positions, dense_bias(&rows, device)?))
+}
+
+/// The mask as host rows of segment ids (all ones without a mask).
+fn mask_rows(input_ids: &Tensor, attention_mask: Option<&Tensor>) -> Result<Vec<Vec<u32>>> {
+    let (b, t) = input_ids.dims2()?;
+    match attention_mask {
         Some(m) => {
             if m.dims() != [b, t] {
                 return Err(ModelError::Config(format!(
@@ -458,14 +564,17 @@ pub(crate) fn full_sequence_layout(
                     [b, t]
                 )));
             }
-            m.to_dtype(DType::U32)?.to_vec2::<u32>()?
+            Ok(m.to_dtype(DType::U32)?.to_vec2::<u32>()?)
         }
-        None => vec![vec![1u32; t]; b],
-    };
-    let mut positions = Vec::with_capacity(b * t);
-    let mut bias = vec![f32::NEG_INFINITY; b * t * t];
-    for (r, row) in mask.iter().enumerate() {
-        // Real tokens count within their segment; padding gets a harmless in-range position.
+        None => Ok(vec![vec![1u32; t]; b]),
+    }
+}
+
+/// Positions `(b * t)`: real tokens count within their segment; padding gets a harmless
+/// in-range position.
+fn mask_positions(rows: &[Vec<u32>]) -> Vec<u32> {
+    let mut positions = Vec::with_capacity(rows.iter().map(Vec::len).sum());
+    for row in rows {
         let mut count = 0u32;
         let mut segment = 0u32;
         for &m in row {
@@ -482,6 +591,17 @@ pub(crate) fn full_sequence_layout(
                 count += 1;
             }
         }
+    }
+    positions
+}
+
+/// The dense `(b, 1, t, t)` additive bias of the unfused attention (see
+/// [`full_sequence_layout`]).
+fn dense_bias(rows: &[Vec<u32>], device: &Device) -> Result<Tensor> {
+    let b = rows.len();
+    let t = rows.first().map_or(0, Vec::len);
+    let mut bias = vec![f32::NEG_INFINITY; b * t * t];
+    for (r, row) in rows.iter().enumerate() {
         for i in 0..t {
             let base = (r * t + i) * t;
             let own = row[i];
@@ -493,9 +613,36 @@ pub(crate) fn full_sequence_layout(
             }
         }
     }
-    let positions = Tensor::from_vec(positions, (b, t), device)?;
-    let bias = Tensor::from_vec(bias, (b, 1, t, t), device)?;
-    Ok((positions, bias))
+    Ok(Tensor::from_vec(bias, (b, 1, t, t), device)?)
+}
+
+/// The mask as segments of the fused attention: each maximal run of one non-zero id is a
+/// segment. `None` when an id recurs after a gap or another id (its tokens would attend across
+/// the gap, which segments cannot say; the unfused path handles it).
+fn mask_segments(rows: &[Vec<u32>], t: usize) -> Option<Segments> {
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        let mut segs: Vec<(usize, usize)> = Vec::new();
+        let mut seen: Vec<u32> = Vec::new();
+        let mut i = 0;
+        while i < row.len() {
+            let id = row[i];
+            let start = i;
+            while i < row.len() && row[i] == id {
+                i += 1;
+            }
+            if id == 0 {
+                continue;
+            }
+            if seen.contains(&id) {
+                return None;
+            }
+            seen.push(id);
+            segs.push((start, i));
+        }
+        out.push(segs);
+    }
+    Segments::new(t, out).ok()
 }
 
 /// The device's compute dtype: f32 on CPU, bf16 on GPU.

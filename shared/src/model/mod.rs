@@ -10,6 +10,7 @@
 mod causal_lm;
 mod config;
 mod decode;
+pub mod flash_attn;
 mod initial;
 mod layers;
 mod weights;
@@ -19,7 +20,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor, Var};
 
-pub use causal_lm::{compute_dtype, CausalLm};
+pub use causal_lm::{compute_dtype, AttentionImpl, CausalLm};
 pub use config::{parameter_shapes, ModelConfig, ModelType};
 pub use decode::{argmax, DecodeBatch};
 pub use initial::{initial_model, InitialModel, InitialModelError};

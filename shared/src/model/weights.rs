@@ -20,9 +20,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use safetensors::tensor::{Metadata, TensorView};
 
-// Re-exported for the modules that read shapes next to weights.
-pub(super) use super::config::parameter_shapes;
-use super::config::ModelConfig;
+use super::config::{parameter_shapes, ModelConfig};
 use super::{ModelError, Result};
 
 /// Seeded random weights in the Hugging Face initialisation: normal(0, `initializer_range`) for

@@ -1,0 +1,691 @@
+//! The CPU kernels: tiled FlashAttention-2 forward and backward over contiguous
+//! `(b, heads, t, d)` buffers.
+//!
+//! - Forward: parallel over (batch row, head, block of [`BLOCK_Q`] queries). Each task walks the
+//!   key tiles its rows can see with an online softmax and writes its rows of `O` and `L`.
+//! - Backward: parallel over (batch row, kv head), so that the task owning a kv head owns its
+//!   `dK`/`dV` and the `dQ` rows of its query heads: no two tasks write the same memory. For
+//!   each key tile it loops over the query heads of the group and the query tiles that can see
+//!   the keys, recomputing `P = exp(S - L)`.
+//!
+//! Masking walks per-row key ranges (`[segment start, i]`) instead of masking a full tile, so
+//! no work is spent on invisible pairs and nothing is `t × t`. Scratch per task is a few tiles.
+//!
+//! Inner loops run over contiguous slices with `chunks_exact`/`zip` so that they vectorise. On
+//! x86-64 with AVX2 + FMA (detected at run time) the same code is compiled a second time with
+//! those features enabled and fused multiply-adds.
+
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+use super::OUTSIDE;
+
+/// Queries per forward task and per backward query tile.
+pub(crate) const BLOCK_Q: usize = 64;
+/// Keys per tile.
+pub(crate) const BLOCK_K: usize = 64;
+/// Width of the accumulators the dot products are split over (one AVX2 register).
+const LANES: usize = 8;
+
+/// An element type the kernels read and write; arithmetic is always f32.
+pub(crate) trait Elem: Copy + Send + Sync + 'static {
+    /// Widens to f32.
+    fn to_f32(self) -> f32;
+    /// Rounds from f32.
+    fn from_f32(x: f32) -> Self;
+    /// `src` as f32: borrowed when it already is, else converted into `scratch`.
+    fn as_f32<'a>(src: &'a [Self], scratch: &'a mut Vec<f32>) -> &'a [f32];
+}
+
+impl Elem for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[inline(always)]
+    fn from_f32(x: f32) -> f32 {
+        x
+    }
+    #[inline(always)]
+    fn as_f32<'a>(src: &'a [f32], _scratch: &'a mut Vec<f32>) -> &'a [f32] {
+        src
+    }
+}
+
+macro_rules! half_elem {
+    ($t:ty) => {
+        impl Elem for $t {
+            #[inline(always)]
+            fn to_f32(self) -> f32 {
+                <$t>::to_f32(self)
+            }
+            #[inline(always)]
+            fn from_f32(x: f32) -> $t {
+                <$t>::from_f32(x)
+            }
+            #[inline(always)]
+            fn as_f32<'a>(src: &'a [$t], scratch: &'a mut Vec<f32>) -> &'a [f32] {
+                scratch.clear();
+                scratch.extend(src.iter().map(|x| x.to_f32()));
+                scratch
+            }
+        }
+    };
+}
+half_elem!(bf16);
+half_elem!(f16);
+
+/// Shapes of one call: q/o are `(b, heads, t, d)`, k/v `(b, kv_heads, t, d)`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Dims {
+    /// Batch rows.
+    pub b: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads (divides `heads`).
+    pub kv_heads: usize,
+    /// Sequence length.
+    pub t: usize,
+    /// Head dimension.
+    pub d: usize,
+}
+
+impl Dims {
+    fn rep(&self) -> usize {
+        self.heads / self.kv_heads
+    }
+}
+
+/// Whether this CPU runs the AVX2 + FMA build of the kernels.
+#[derive(Debug, Clone, Copy)]
+enum Isa {
+    #[cfg(target_arch = "x86_64")]
+    Avx2Fma,
+    Generic,
+}
+
+fn detect_isa() -> Isa {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        return Isa::Avx2Fma;
+    }
+    Isa::Generic
+}
+
+// ---------------------------------------------------------------------------------------------
+// Vectorisable primitives. `FMA` selects `mul_add`, which is only fast (and only used) in the
+// build compiled with the `fma` target feature.
+
+#[inline(always)]
+fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
+    }
+}
+
+/// `a · b` over equal-length slices, split over [`LANES`] accumulators so that it vectorises.
+#[inline(always)]
+fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for ((s, &x), &y) in acc.iter_mut().zip(x).zip(y) {
+            *s = madd::<FMA>(x, y, *s);
+        }
+    }
+    let mut sum = 0f32;
+    for (&x, &y) in ra.iter().zip(rb) {
+        sum = madd::<FMA>(x, y, sum);
+    }
+    acc.iter().sum::<f32>() + sum
+}
+
+/// `a · b_u` for four `b_u` at once: `a` is loaded once per chunk for four products.
+#[inline(always)]
+fn dot4<const FMA: bool>(a: &[f32], b: [&[f32]; 4]) -> [f32; 4] {
+    let mut acc = [[0f32; LANES]; 4];
+    let chunks = a
+        .chunks_exact(LANES)
+        .zip(b[0].chunks_exact(LANES))
+        .zip(b[1].chunks_exact(LANES))
+        .zip(b[2].chunks_exact(LANES))
+        .zip(b[3].chunks_exact(LANES));
+    for ((((x, y0), y1), y2), y3) in chunks {
+        for (l, &x) in x.iter().enumerate().take(LANES) {
+            acc[0][l] = madd::<FMA>(x, y0[l], acc[0][l]);
+            acc[1][l] = madd::<FMA>(x, y1[l], acc[1][l]);
+            acc[2][l] = madd::<FMA>(x, y2[l], acc[2][l]);
+            acc[3][l] = madd::<FMA>(x, y3[l], acc[3][l]);
+        }
+    }
+    let tail = a.len() - a.len() % LANES;
+    let mut out = [0f32; 4];
+    for ((o, acc), b) in out.iter_mut().zip(&acc).zip(b) {
+        let mut s = 0f32;
+        for (&x, &y) in a[tail..].iter().zip(&b[tail..]) {
+            s = madd::<FMA>(x, y, s);
+        }
+        *o = acc.iter().sum::<f32>() + s;
+    }
+    out
+}
+
+/// `out[j] = q · keys[j] * scale` for the `out.len()` consecutive keys of `keys` (`d` each).
+#[inline(always)]
+fn scores<const FMA: bool>(q: &[f32], keys: &[f32], d: usize, scale: f32, out: &mut [f32]) {
+    let mut quads = keys.chunks_exact(4 * d);
+    let mut outs = out.chunks_exact_mut(4);
+    for (quad, o) in quads.by_ref().zip(outs.by_ref()) {
+        let (k0, rest) = quad.split_at(d);
+        let (k1, rest) = rest.split_at(d);
+        let (k2, k3) = rest.split_at(d);
+        let s = dot4::<FMA>(q, [k0, k1, k2, k3]);
+        for (o, s) in o.iter_mut().zip(s) {
+            *o = s * scale;
+        }
+    }
+    for (o, k) in outs
+        .into_remainder()
+        .iter_mut()
+        .zip(quads.remainder().chunks_exact(d))
+    {
+        *o = dot::<FMA>(q, k) * scale;
+    }
+}
+
+/// `y += alpha * x`.
+#[inline(always)]
+fn axpy<const FMA: bool>(y: &mut [f32], alpha: f32, x: &[f32]) {
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y = madd::<FMA>(alpha, x, *y);
+    }
+}
+
+/// `y += Σ_u alpha[u] * rows[u]` for `rows` the `alpha.len()` consecutive rows (`d` each) of
+/// `rows`: four rows per pass over `y`, so that `y` is loaded and stored once per four rows.
+#[inline(always)]
+fn add_rows<const FMA: bool>(y: &mut [f32], alpha: &[f32], rows: &[f32], d: usize) {
+    let mut quads = rows.chunks_exact(4 * d);
+    let mut coefs = alpha.chunks_exact(4);
+    for (quad, a) in quads.by_ref().zip(coefs.by_ref()) {
+        let (x0, rest) = quad.split_at(d);
+        let (x1, rest) = rest.split_at(d);
+        let (x2, x3) = rest.split_at(d);
+        let (a0, a1, a2, a3) = (a[0], a[1], a[2], a[3]);
+        for ((((y, &x0), &x1), &x2), &x3) in y.iter_mut().zip(x0).zip(x1).zip(x2).zip(x3) {
+            *y = madd::<FMA>(
+                a3,
+                x3,
+                madd::<FMA>(a2, x2, madd::<FMA>(a1, x1, madd::<FMA>(a0, x0, *y))),
+            );
+        }
+    }
+    for (&a, x) in coefs
+        .remainder()
+        .iter()
+        .zip(quads.remainder().chunks_exact(d))
+    {
+        axpy::<FMA>(y, a, x);
+    }
+}
+
+/// `exp(x)` as a polynomial (Cephes `expf`: range reduction by ln 2, degree-6 minimax), within
+/// 2 ulp of `f32::exp` on `[-87, 88]`; vectorises where the libm call does not. Inputs below
+/// -87.3 return ~1e-38 instead of 0 (only differences `s - max <= 0` are passed).
+#[inline(always)]
+fn fast_exp<const FMA: bool>(x: f32) -> f32 {
+    let x = x.clamp(-87.336_54, 88.722_83);
+    let n = (x * std::f32::consts::LOG2_E + 0.5).floor();
+    let r = madd::<FMA>(n, -0.693_359_4, x);
+    let r = madd::<FMA>(n, 2.121_944_4e-4, r);
+    let mut p = 1.987_569_1e-4f32;
+    p = madd::<FMA>(p, r, 1.398_199_9e-3);
+    p = madd::<FMA>(p, r, 8.333_452e-3);
+    p = madd::<FMA>(p, r, 4.166_579_6e-2);
+    p = madd::<FMA>(p, r, 1.666_666_5e-1);
+    p = madd::<FMA>(p, r, 0.5);
+    let y = madd::<FMA>(p, r * r, r) + 1.0;
+    // 2^n by building the exponent bits; n is in [-126, 128] after the clamp.
+    let two_n = f32::from_bits(((n as i32 + 127).clamp(1, 254) as u32) << 23);
+    y * two_n
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward.
+
+/// What one forward task reads: one (batch row, head) and the position table of its row.
+struct FwdTask<'a, T> {
+    q_head: &'a [T],
+    k_head: &'a [T],
+    v_head: &'a [T],
+    table: &'a [(u32, u32)],
+    q0: usize,
+    d: usize,
+    scale: f32,
+}
+
+/// Forward of all heads. `out` `(b, heads, t, d)` and `lse` `(b, heads, t)` are written in
+/// full; rows outside every segment get zeros and `L = +inf`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn forward<T: Elem>(
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    dims: Dims,
+    table: &[Vec<(u32, u32)>],
+    scale: f32,
+    out: &mut [T],
+    lse: &mut [f32],
+) {
+    let Dims {
+        heads,
+        kv_heads,
+        t,
+        d,
+        ..
+    } = dims;
+    if t == 0 || d == 0 {
+        lse.fill(f32::INFINITY);
+        return;
+    }
+    let isa = detect_isa();
+    let rep = dims.rep();
+    out.par_chunks_mut(t * d)
+        .zip(lse.par_chunks_mut(t))
+        .enumerate()
+        .for_each(|(bh, (o_head, l_head))| {
+            let (row, h) = (bh / heads, bh % heads);
+            let kv = (row * kv_heads + h / rep) * t * d;
+            let head = FwdTask {
+                q_head: &q[bh * t * d..(bh + 1) * t * d],
+                k_head: &k[kv..kv + t * d],
+                v_head: &v[kv..kv + t * d],
+                table: &table[row],
+                q0: 0,
+                d,
+                scale,
+            };
+            o_head
+                .par_chunks_mut(BLOCK_Q * d)
+                .zip(l_head.par_chunks_mut(BLOCK_Q))
+                .enumerate()
+                .for_each(|(qb, (o_blk, l_blk))| {
+                    let task = FwdTask {
+                        q0: qb * BLOCK_Q,
+                        ..head
+                    };
+                    match isa {
+                        #[cfg(target_arch = "x86_64")]
+                        // SAFETY: `Isa::Avx2Fma` is only returned by `detect_isa` after
+                        // `is_x86_feature_detected!` confirmed AVX2 and FMA on this CPU.
+                        Isa::Avx2Fma => unsafe { forward_block_avx2(&task, o_blk, l_blk) },
+                        Isa::Generic => forward_block::<T, false>(&task, o_blk, l_blk),
+                    }
+                });
+        });
+}
+
+/// [`forward_block`] compiled with AVX2 and FMA.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn forward_block_avx2<T: Elem>(task: &FwdTask<'_, T>, out: &mut [T], lse: &mut [f32]) {
+    forward_block::<T, true>(task, out, lse)
+}
+
+/// One block of `out.len() / d` queries starting at `task.q0`.
+#[inline(always)]
+fn forward_block<T: Elem, const FMA: bool>(task: &FwdTask<'_, T>, out: &mut [T], lse: &mut [f32]) {
+    let (d, q0) = (task.d, task.q0);
+    let nq = lse.len();
+    let rows = &task.table[q0..q0 + nq];
+    // The keys any row of the block sees: from the lowest segment start to the last query.
+    let mut lo = usize::MAX;
+    let mut hi = 0;
+    for (r, &(start, _)) in rows.iter().enumerate() {
+        if start != OUTSIDE {
+            lo = lo.min(start as usize);
+            hi = q0 + r + 1;
+        }
+    }
+    if hi == 0 {
+        out.fill(T::from_f32(0.0));
+        lse.fill(f32::INFINITY);
+        return;
+    }
+    let mut q_buf = Vec::new();
+    let (mut k_buf, mut v_buf) = (Vec::new(), Vec::new());
+    let q_blk = T::as_f32(&task.q_head[q0 * d..(q0 + nq) * d], &mut q_buf);
+    let mut m = vec![f32::NEG_INFINITY; nq];
+    let mut l = vec![0f32; nq];
+    let mut acc = vec![0f32; nq * d];
+    let mut s = [0f32; BLOCK_K];
+    let mut k0 = lo;
+    while k0 < hi {
+        let nk = BLOCK_K.min(hi - k0);
+        let k_t = T::as_f32(&task.k_head[k0 * d..(k0 + nk) * d], &mut k_buf);
+        let v_t = T::as_f32(&task.v_head[k0 * d..(k0 + nk) * d], &mut v_buf);
+        for (r, ((&(start, _), q_r), acc_r)) in rows
+            .iter()
+            .zip(q_blk.chunks_exact(d))
+            .zip(acc.chunks_exact_mut(d))
+            .enumerate()
+        {
+            if start == OUTSIDE {
+                continue;
+            }
+            // Visible keys of query i in this tile: [max(start, k0), min(i + 1, k0 + nk)).
+            let a = (start as usize).max(k0);
+            let e = (q0 + r + 1).min(k0 + nk);
+            if a >= e {
+                continue;
+            }
+            let s = &mut s[..e - a];
+            scores::<FMA>(q_r, &k_t[(a - k0) * d..(e - k0) * d], d, task.scale, s);
+            let tile_max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let m_new = m[r].max(tile_max);
+            if m_new > m[r] && l[r] > 0.0 {
+                let correction = fast_exp::<FMA>(m[r] - m_new);
+                l[r] *= correction;
+                for x in acc_r.iter_mut() {
+                    *x *= correction;
+                }
+            }
+            m[r] = m_new;
+            for x in s.iter_mut() {
+                *x = fast_exp::<FMA>(*x - m_new);
+            }
+            l[r] += s.iter().sum::<f32>();
+            add_rows::<FMA>(acc_r, s, &v_t[(a - k0) * d..(e - k0) * d], d);
+        }
+        k0 += nk;
+    }
+    for (r, ((o_r, acc_r), lse_r)) in out
+        .chunks_exact_mut(d)
+        .zip(acc.chunks_exact(d))
+        .zip(lse.iter_mut())
+        .enumerate()
+    {
+        if l[r] > 0.0 {
+            let inv = 1.0 / l[r];
+            for (o, &a) in o_r.iter_mut().zip(acc_r) {
+                *o = T::from_f32(a * inv);
+            }
+            *lse_r = m[r] + l[r].ln();
+        } else {
+            o_r.fill(T::from_f32(0.0));
+            *lse_r = f32::INFINITY;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward.
+
+/// What one backward task reads: one (batch row, kv head) and its `rep` query heads.
+struct BwdTask<'a, T> {
+    /// `(rep, t, d)` each.
+    q: &'a [T],
+    o: &'a [T],
+    d_o: &'a [T],
+    /// `(rep, t)`.
+    lse: &'a [f32],
+    /// `(t, d)` each.
+    k: &'a [T],
+    v: &'a [T],
+    table: &'a [(u32, u32)],
+    rep: usize,
+    t: usize,
+    d: usize,
+    scale: f32,
+}
+
+/// Backward of all heads: `dq` `(b, heads, t, d)`, `dk`/`dv` `(b, kv_heads, t, d)` are written
+/// in full (zero where nothing attends).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn backward<T: Elem>(
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    o: &[T],
+    d_o: &[T],
+    lse: &[f32],
+    dims: Dims,
+    table: &[Vec<(u32, u32)>],
+    scale: f32,
+    dq: &mut [T],
+    dk: &mut [T],
+    dv: &mut [T],
+) {
+    let Dims { kv_heads, t, d, .. } = dims;
+    if t == 0 || d == 0 {
+        return;
+    }
+    let isa = detect_isa();
+    let rep = dims.rep();
+    let group = rep * t * d;
+    dq.par_chunks_mut(group)
+        .zip(dk.par_chunks_mut(t * d))
+        .zip(dv.par_chunks_mut(t * d))
+        .enumerate()
+        .for_each(|(bg, ((dq_g, dk_h), dv_h))| {
+            // The query heads of kv head `bg % kv_heads` are contiguous: `bg * rep ..`.
+            let row = bg / kv_heads;
+            let task = BwdTask {
+                q: &q[bg * group..(bg + 1) * group],
+                o: &o[bg * group..(bg + 1) * group],
+                d_o: &d_o[bg * group..(bg + 1) * group],
+                lse: &lse[bg * rep * t..(bg + 1) * rep * t],
+                k: &k[bg * t * d..(bg + 1) * t * d],
+                v: &v[bg * t * d..(bg + 1) * t * d],
+                table: &table[row],
+                rep,
+                t,
+                d,
+                scale,
+            };
+            match isa {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `Isa::Avx2Fma` is only returned by `detect_isa` after
+                // `is_x86_feature_detected!` confirmed AVX2 and FMA on this CPU.
+                Isa::Avx2Fma => unsafe { backward_group_avx2(&task, dq_g, dk_h, dv_h) },
+                Isa::Generic => backward_group::<T, false>(&task, dq_g, dk_h, dv_h),
+            }
+        });
+}
+
+/// [`backward_group`] compiled with AVX2 and FMA.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn backward_group_avx2<T: Elem>(
+    task: &BwdTask<'_, T>,
+    dq: &mut [T],
+    dk: &mut [T],
+    dv: &mut [T],
+) {
+    backward_group::<T, true>(task, dq, dk, dv)
+}
+
+/// The gradients of one kv head and its query heads.
+#[inline(always)]
+fn backward_group<T: Elem, const FMA: bool>(
+    task: &BwdTask<'_, T>,
+    dq: &mut [T],
+    dk: &mut [T],
+    dv: &mut [T],
+) {
+    let (rep, t, d) = (task.rep, task.t, task.d);
+    // 1. D = rowsum(dO ∘ O), one per query row of the group.
+    let delta: Vec<f32> = task
+        .o
+        .chunks_exact(d)
+        .zip(task.d_o.chunks_exact(d))
+        .map(|(o, g)| {
+            o.iter()
+                .zip(g)
+                .map(|(&o, &g)| o.to_f32() * g.to_f32())
+                .sum()
+        })
+        .collect();
+    let mut dq_acc = vec![0f32; rep * t * d];
+    let mut dk_acc = vec![0f32; BLOCK_K * d];
+    let mut dv_acc = vec![0f32; BLOCK_K * d];
+    let (mut k_buf, mut v_buf, mut q_buf, mut g_buf) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut p_tile = vec![0f32; BLOCK_Q * BLOCK_K];
+    let mut ds_tile = vec![0f32; BLOCK_Q * BLOCK_K];
+    let mut p_col = [0f32; BLOCK_Q];
+    let mut ds_col = [0f32; BLOCK_Q];
+    // 2. Key tiles; each accumulates its dK/dV over every query that sees it.
+    for (kb, (dk_blk, dv_blk)) in dk
+        .chunks_mut(BLOCK_K * d)
+        .zip(dv.chunks_mut(BLOCK_K * d))
+        .enumerate()
+    {
+        let k0 = kb * BLOCK_K;
+        let nk = dk_blk.len() / d;
+        // Queries that see a key of this tile: from k0 to the end of the last key's segment.
+        let q_hi = task.table[k0..k0 + nk]
+            .iter()
+            .filter(|(start, _)| *start != OUTSIDE)
+            .map(|&(_, end)| end as usize)
+            .max();
+        let Some(q_hi) = q_hi else {
+            dk_blk.fill(T::from_f32(0.0));
+            dv_blk.fill(T::from_f32(0.0));
+            continue;
+        };
+        let k_t = T::as_f32(&task.k[k0 * d..(k0 + nk) * d], &mut k_buf);
+        let v_t = T::as_f32(&task.v[k0 * d..(k0 + nk) * d], &mut v_buf);
+        let dk_acc = &mut dk_acc[..nk * d];
+        let dv_acc = &mut dv_acc[..nk * d];
+        dk_acc.fill(0.0);
+        dv_acc.fill(0.0);
+        for h in 0..rep {
+            let mut q0 = k0;
+            while q0 < q_hi {
+                let nq = BLOCK_Q.min(q_hi - q0);
+                let rows = h * t + q0..h * t + q0 + nq;
+                let q_t = T::as_f32(&task.q[rows.start * d..rows.end * d], &mut q_buf);
+                let g_t = T::as_f32(&task.d_o[rows.start * d..rows.end * d], &mut g_buf);
+                let dq_t = &mut dq_acc[rows.start * d..rows.end * d];
+                // 2a. Row by row: P = exp(S - L), dP = dO Vᵀ, dS = P ∘ (dP − D) (times the
+                //     scale of S) into (nq, nk) tiles, zero where a key is invisible; dQ += dS K.
+                let p_t = &mut p_tile[..nq * nk];
+                let ds_t = &mut ds_tile[..nq * nk];
+                p_t.fill(0.0);
+                ds_t.fill(0.0);
+                let mut first_row = nq;
+                for (r, (((q_r, g_r), dq_r), (p, ds))) in q_t
+                    .chunks_exact(d)
+                    .zip(g_t.chunks_exact(d))
+                    .zip(dq_t.chunks_exact_mut(d))
+                    .zip(p_t.chunks_exact_mut(nk).zip(ds_t.chunks_exact_mut(nk)))
+                    .enumerate()
+                {
+                    let i = q0 + r;
+                    let (start, _) = task.table[i];
+                    if start == OUTSIDE {
+                        continue;
+                    }
+                    let a = (start as usize).max(k0);
+                    let e = (i + 1).min(k0 + nk);
+                    if a >= e {
+                        continue;
+                    }
+                    first_row = first_row.min(r);
+                    let (lse_i, delta_i) = (task.lse[rows.start + r], delta[rows.start + r]);
+                    let keys = &k_t[(a - k0) * d..(e - k0) * d];
+                    let p = &mut p[a - k0..e - k0];
+                    let ds = &mut ds[a - k0..e - k0];
+                    scores::<FMA>(q_r, keys, d, task.scale, p);
+                    for x in p.iter_mut() {
+                        *x = fast_exp::<FMA>(*x - lse_i);
+                    }
+                    scores::<FMA>(g_r, &v_t[(a - k0) * d..(e - k0) * d], d, 1.0, ds);
+                    for (ds, &p) in ds.iter_mut().zip(p.iter()) {
+                        *ds = p * (*ds - delta_i) * task.scale;
+                    }
+                    add_rows::<FMA>(dq_r, ds, keys, d);
+                }
+                // 2b. Key by key: dV += Pᵀ dO, dK += dSᵀ Q over the rows that see any key.
+                if first_row < nq {
+                    let (q_rows, g_rows) = (&q_t[first_row * d..], &g_t[first_row * d..]);
+                    for (j, (dk_j, dv_j)) in dk_acc
+                        .chunks_exact_mut(d)
+                        .zip(dv_acc.chunks_exact_mut(d))
+                        .enumerate()
+                    {
+                        let n = nq - first_row;
+                        for (r, (pc, dc)) in
+                            p_col.iter_mut().zip(ds_col.iter_mut()).take(n).enumerate()
+                        {
+                            let at = (first_row + r) * nk + j;
+                            *pc = p_t[at];
+                            *dc = ds_t[at];
+                        }
+                        add_rows::<FMA>(dv_j, &p_col[..n], g_rows, d);
+                        add_rows::<FMA>(dk_j, &ds_col[..n], q_rows, d);
+                    }
+                }
+                q0 += nq;
+            }
+        }
+        for (out, &x) in dk_blk.iter_mut().zip(dk_acc.iter()) {
+            *out = T::from_f32(x);
+        }
+        for (out, &x) in dv_blk.iter_mut().zip(dv_acc.iter()) {
+            *out = T::from_f32(x);
+        }
+    }
+    for (out, &x) in dq.iter_mut().zip(&dq_acc) {
+        *out = T::from_f32(x);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_exp_is_within_a_few_ulp() {
+        let mut worst = 0f32;
+        let mut x = -87.0f32;
+        while x < 88.0 {
+            let want = x.exp();
+            let got = fast_exp::<false>(x);
+            worst = worst.max(((got - want) / want).abs());
+            x += 0.0137;
+        }
+        assert!(worst < 3e-7, "worst relative error {worst}");
+        assert_eq!(fast_exp::<false>(0.0), 1.0);
+        assert!(fast_exp::<false>(f32::NEG_INFINITY) < 1e-37);
+    }
+
+    #[test]
+    fn dot_products_handle_tails() {
+        for d in [1usize, 7, 8, 12, 16, 33, 128] {
+            let a: Vec<f32> = (0..d).map(|i| i as f32 * 0.5 - 1.0).collect();
+            let b: Vec<Vec<f32>> = (0..4)
+                .map(|u| (0..d).map(|i| ((i + u) % 5) as f32 - 2.0).collect())
+                .collect();
+            let want: Vec<f32> = b
+                .iter()
+                .map(|b| a.iter().zip(b).map(|(x, y)| x * y).sum())
+                .collect();
+            let got4 = dot4::<false>(&a, [&b[0], &b[1], &b[2], &b[3]]);
+            for u in 0..4 {
+                assert!((got4[u] - want[u]).abs() < 1e-4, "d {d}");
+                assert!((dot::<false>(&a, &b[u]) - want[u]).abs() < 1e-4, "d {d}");
+            }
+        }
+    }
+}
