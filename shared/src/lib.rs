@@ -1,6 +1,7 @@
 //! cascade-shared: what every cascade process needs — the run configuration, the Qwen3-family
 //! model in candle (training and decode paths), the tokenizer and chat template, the rollout
-//! record schema and the transport traits.
+//! record schema, the transport traits, and the schemas of the run's metric files
+//! (`metrics.jsonl` events and `heldout.json`, in [`metrics`]).
 #![warn(missing_docs)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
