@@ -141,7 +141,8 @@ impl Writer {
     }
 }
 
-pub(crate) const STYLE: &str = "body{font-family:sans-serif;max-width:960px;margin:2em auto;color:#222}\
+pub(crate) const STYLE: &str =
+    "body{font-family:sans-serif;max-width:960px;margin:2em auto;color:#222}\
 table{border-collapse:collapse;margin:0.5em 0}\
 td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}\
 th{background:#f3f3f3}td.l,th.l{text-align:left}\

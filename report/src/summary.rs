@@ -69,4 +69,3 @@ pub struct ReportSummary {
     /// The comparison with [`ReportOptions::compare`](crate::ReportOptions::compare), when given.
     pub compare: Option<CompareSummary>,
 }
-

@@ -130,7 +130,9 @@ pub fn write_report(run_dir: &Path, opts: &ReportOptions) -> Result<ReportSummar
         sections::write_processes(&mut w, &metrics);
     }
     if let Some(other) = &opts.compare {
-        summary.compare = Some(sections::write_compare(&mut w, run_dir, &metrics, &summary, other)?);
+        summary.compare = Some(sections::write_compare(
+            &mut w, run_dir, &metrics, &summary, other,
+        )?);
     }
     w.html.push_str("</body>\n</html>\n");
 

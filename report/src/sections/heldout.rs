@@ -96,9 +96,7 @@ pub(crate) fn write_heldout(w: &mut Writer, run_dir: &Path, m: &Metrics) {
         let verdict = match &own {
             Some(d) => {
                 let cur = score(i, d);
-                let prev = i
-                    .checked_sub(1)
-                    .and_then(|p| score(p, d));
+                let prev = i.checked_sub(1).and_then(|p| score(p, d));
                 let paired = heldout
                     .gains
                     .iter()

@@ -6,7 +6,11 @@ use crate::html::Writer;
 use crate::sections::step_markers;
 use crate::{Metrics, ReportError};
 
-pub(crate) fn write_loss(w: &mut Writer, m: &Metrics, spans: &[StageSpan]) -> Result<(), ReportError> {
+pub(crate) fn write_loss(
+    w: &mut Writer,
+    m: &Metrics,
+    spans: &[StageSpan],
+) -> Result<(), ReportError> {
     let rl: Vec<(f64, f64)> = learner_steps(m)
         .filter_map(|(_, s)| Some((s.step? as f64, s.loss?)))
         .collect();

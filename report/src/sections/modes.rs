@@ -6,7 +6,11 @@ use crate::html::Writer;
 use crate::sections::step_markers;
 use crate::{LearnerStep, Metrics, ModeStats, ReportError};
 
-pub(crate) fn write_mode_charts(w: &mut Writer, m: &Metrics, spans: &[StageSpan]) -> Result<(), ReportError> {
+pub(crate) fn write_mode_charts(
+    w: &mut Writer,
+    m: &Metrics,
+    spans: &[StageSpan],
+) -> Result<(), ReportError> {
     let modes = modes(m);
     let markers = step_markers(spans);
     let steps: Vec<(f64, &LearnerStep)> = learner_steps(m)
@@ -81,5 +85,4 @@ pub(crate) fn write_mode_charts(w: &mut Writer, m: &Metrics, spans: &[StageSpan]
 }
 
 /// Grey used for the "all modes" reward line.
-pub(crate) const ALL_MODES_GREY: plotters::style::RGBColor = plotters::style::RGBColor(150, 150, 150);
-
+const ALL_MODES_GREY: plotters::style::RGBColor = plotters::style::RGBColor(150, 150, 150);

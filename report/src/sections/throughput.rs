@@ -16,7 +16,11 @@ pub(crate) fn actor_label(e: &Event, a: &ActorEvent) -> String {
     }
 }
 
-pub(crate) fn write_throughput(w: &mut Writer, m: &Metrics, spans: &[StageSpan]) -> Result<(), ReportError> {
+pub(crate) fn write_throughput(
+    w: &mut Writer,
+    m: &Metrics,
+    spans: &[StageSpan],
+) -> Result<(), ReportError> {
     let t0 = first_t(m).unwrap_or(0.0);
     let markers: Vec<Marker> = spans
         .iter()

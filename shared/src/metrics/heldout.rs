@@ -112,7 +112,10 @@ mod tests {
         };
         let text = serde_json::to_string(&row).unwrap();
         assert!(text.contains(r#""math":null"#), "{text}");
-        assert!(text.contains(r#""prompt_scores":{"code":{"7":0.25}}"#), "{text}");
+        assert!(
+            text.contains(r#""prompt_scores":{"code":{"7":0.25}}"#),
+            "{text}"
+        );
         let back: HeldoutRow = serde_json::from_str(&text).unwrap();
         assert!(back.scores["math"].is_nan());
         assert_eq!(back.scores["code"], 0.25);
