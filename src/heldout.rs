@@ -1,14 +1,8 @@
 //! The held-out table of a run: every RL domain's held-out score after the SFT stages (row
-//! `sft`) and after each RL stage, measured on the stage-final snapshots (which retention keeps).
-//! Written to `RUN_DIR/heldout.json` as `{"domains": [...], "rows": [{"after_stage": ...,
-//! "scores": {...}}]}`; the score of a domain is the mean reward of `[eval] samples` sampled
-//! responses per held-out prompt, with the domain's training verifier.
-//!
-//! Each row also keeps every prompt's mean reward (`prompt_scores`) and the standard error of
-//! each score over prompts (`stderr`). Rows are evaluated on the same prompts with the same
-//! sampler seeds, so the change a stage makes to its own domain is measured as a paired
-//! difference over prompts (`gains`: mean difference and its standard error), which is much
-//! less noisy than the difference of two means.
+//! `sft`) and after each RL stage, measured on the stage-final snapshots (which retention keeps),
+//! written to `RUN_DIR/heldout.json`. The file's format is
+//! [`cascade_shared::metrics::HeldoutTable`]; this module evaluates the rows, computes the
+//! paired gains and prints the table.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -16,64 +10,16 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use cascade_actor::dataset::Dataset;
-use cascade_actor::eval::{evaluate, mean_and_se, EvalOptions};
+use cascade_actor::eval::{evaluate, mean_and_se, EvalOptions, ModeScores};
 use cascade_actor::verifiers::verifier_for;
 use cascade_rewards::Verifier;
 use cascade_shared::chat::Chat;
 use cascade_shared::config::RunConfig;
-use cascade_shared::metrics::MetricsLog;
+use cascade_shared::metrics::{
+    Eval, EvalScores, HeldoutRow, HeldoutTable, MetricsLog, StageGain, HELDOUT_FILE,
+};
 use cascade_shared::model::load_model;
 use cascade_shared::snapshot;
-use serde::{Deserialize, Serialize};
-use serde_json::json;
-
-/// One row: the scores after a stage.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct HeldoutRow {
-    /// `sft` or the RL stage's name.
-    pub after_stage: String,
-    /// Domain → score.
-    pub scores: BTreeMap<String, f64>,
-    /// The snapshot evaluated.
-    pub policy_version: u64,
-    /// Domain → standard error of the score over prompts.
-    #[serde(default)]
-    pub stderr: BTreeMap<String, f64>,
-    /// Domain → prompt id → that prompt's mean reward.
-    #[serde(default)]
-    pub prompt_scores: BTreeMap<String, BTreeMap<u64, f64>>,
-}
-
-/// What an RL stage did to its own domain: the paired difference against the previous row.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct StageGain {
-    /// The RL stage (its row's `after_stage`).
-    pub stage: String,
-    /// Its domain.
-    pub domain: String,
-    /// The previous row's score.
-    pub before: f64,
-    /// This row's score.
-    pub after: f64,
-    /// Mean over the prompts scored in both rows of (after − before).
-    pub diff: f64,
-    /// Standard error of `diff` (paired over prompts).
-    pub se: f64,
-    /// Prompts in the comparison.
-    pub prompts: usize,
-}
-
-/// The whole table.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct HeldoutTable {
-    /// The RL domains with a held-out set, in cascade order.
-    pub domains: Vec<String>,
-    /// Rows in cascade order.
-    pub rows: Vec<HeldoutRow>,
-    /// Each RL stage's change to its own domain's score (see [`stage_gains`]).
-    #[serde(default)]
-    pub gains: Vec<StageGain>,
-}
 
 /// For every row after an RL stage whose kind has a held-out domain: the paired difference of
 /// that domain's prompt scores against the previous row. `stage_kinds` maps stage names to
@@ -258,8 +204,8 @@ pub fn evaluate_run(
         gains: stage_gains(&rows, &kinds),
         rows,
     };
-    let path = run_dir.join("heldout.json");
-    let tmp = run_dir.join("heldout.json.tmp");
+    let path = run_dir.join(HELDOUT_FILE);
+    let tmp = path.with_extension("json.tmp");
     std::fs::write(&tmp, serde_json::to_vec_pretty(&table)?)?;
     std::fs::rename(&tmp, &path)?;
     Ok(Some(table))
@@ -300,19 +246,22 @@ fn evaluate_row(
                 max_prompts: config.eval.max_prompts,
             },
         )?;
-        metrics.emit(
-            "eval",
-            json!({
-                "after_stage": after_stage,
-                "domain": d.name,
-                "policy_version": version,
-                "score": result.all.mean_reward,
-                "score_se": result.all.mean_reward_se,
-                "pass_at_1": result.all.pass_at_1,
-                "prompts": result.all.prompts,
-                "by_mode": result.by_mode,
-            }),
-        );
+        metrics.record(&Eval {
+            after_stage: Some(after_stage.to_string()),
+            domain: Some(d.name.clone()),
+            policy_version: Some(version),
+            score: Some(result.all.mean_reward),
+            score_se: Some(result.all.mean_reward_se),
+            pass_at_1: Some(result.all.pass_at_1),
+            prompts: Some(result.all.prompts as u64),
+            by_mode: Some(
+                result
+                    .by_mode
+                    .iter()
+                    .map(|(mode, s)| (mode.clone(), eval_scores(s)))
+                    .collect(),
+            ),
+        });
         scores.insert(d.name.clone(), result.all.mean_reward);
         stderr.insert(d.name.clone(), result.all.mean_reward_se);
         prompt_scores.insert(d.name.clone(), result.prompt_scores);
@@ -320,10 +269,22 @@ fn evaluate_row(
     Ok(HeldoutRow {
         after_stage: after_stage.to_string(),
         scores,
-        policy_version: version,
+        policy_version: Some(version),
         stderr,
         prompt_scores,
     })
+}
+
+/// The `eval` event's form of an evaluation's scores.
+fn eval_scores(s: &ModeScores) -> EvalScores {
+    EvalScores {
+        prompts: Some(s.prompts as u64),
+        mean_reward: Some(s.mean_reward),
+        mean_reward_se: Some(s.mean_reward_se),
+        pass_at_1: Some(s.pass_at_1),
+        pass_at_k: Some(s.pass_at_k),
+        response_len: Some(s.response_len),
+    }
 }
 
 /// The table as aligned text.
@@ -374,7 +335,7 @@ mod tests {
         HeldoutRow {
             after_stage: stage.into(),
             scores: [(domain.to_string(), mean)].into(),
-            policy_version: 0,
+            policy_version: Some(0),
             stderr: [(domain.to_string(), se)].into(),
             prompt_scores: [(domain.to_string(), per)].into(),
         }
@@ -411,12 +372,5 @@ mod tests {
         });
         assert!(text.contains("+0.208 ± 0.042"), "{text}");
         assert!(text.contains("up"), "{text}");
-    }
-
-    #[test]
-    fn tables_written_before_gains_existed_still_parse() {
-        let old = r#"{"domains":["math"],"rows":[{"after_stage":"sft","scores":{"math":0.5},"policy_version":3}]}"#;
-        let t: HeldoutTable = serde_json::from_str(old).unwrap();
-        assert!(t.gains.is_empty() && t.rows[0].prompt_scores.is_empty());
     }
 }

@@ -7,9 +7,8 @@ use std::path::Path;
 use candle_core::Tensor;
 use cascade_shared::chat::Chat;
 use cascade_shared::config::{RewardModelTrainConfig, RunConfig};
-use cascade_shared::metrics::MetricsLog;
+use cascade_shared::metrics::{MetricsLog, RmDone, RmStep};
 use cascade_shared::model::{trainable_from_tensors, ModelConfig};
-use serde_json::json;
 
 use crate::error::Result;
 use crate::reward_train::{train_reward_model, HeadInit, RmInputs, RmTrainConfig};
@@ -75,18 +74,15 @@ pub fn train_for_run(
         out,
         &cfg,
         |s| {
-            metrics.emit(
-                "rm_step",
-                json!({
-                    "step": s.step,
-                    "steps": steps,
-                    "loss": s.loss,
-                    "accuracy": s.accuracy,
-                    "margin": s.margin,
-                    "lr": s.lr,
-                    "grad_norm": s.grad_norm,
-                }),
-            );
+            metrics.record(&RmStep {
+                step: Some(s.step),
+                steps: Some(steps as u64),
+                loss: Some(s.loss),
+                accuracy: Some(s.accuracy),
+                margin: Some(s.margin),
+                lr: Some(s.lr),
+                grad_norm: s.grad_norm,
+            });
         },
     )?;
     tracing::info!(
@@ -96,17 +92,14 @@ pub fn train_for_run(
         report.heldout_accuracy_before,
         report.heldout_accuracy
     );
-    metrics.emit(
-        "rm_done",
-        json!({
-            "heldout_accuracy": report.heldout_accuracy,
-            "heldout_accuracy_before": report.heldout_accuracy_before,
-            "pairs": report.train_pairs,
-            "heldout_pairs": report.heldout_pairs,
-            "first_loss": report.first_loss,
-            "final_loss": report.final_loss,
-            "dir": out.display().to_string(),
-        }),
-    );
+    metrics.record(&RmDone {
+        heldout_accuracy: report.heldout_accuracy,
+        heldout_accuracy_before: report.heldout_accuracy_before,
+        pairs: Some(report.train_pairs as u64),
+        heldout_pairs: Some(report.heldout_pairs as u64),
+        first_loss: Some(report.first_loss),
+        final_loss: Some(report.final_loss),
+        dir: Some(out.display().to_string()),
+    });
     Ok(())
 }

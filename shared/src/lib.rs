@@ -1,7 +1,9 @@
 //! cascade-shared: what every cascade process needs — the run configuration, the Qwen3-family
 //! model in candle (training and decode paths), the tokenizer and chat template, the rollout
 //! record schema and the transport traits, the snapshot format that the learner publishes and
-//! the actors read, the published learner state and the prompt tracker both sides keep.
+//! the actors read, the published learner state and the prompt tracker both sides keep, and
+//! the schemas of the run's metric files (`metrics.jsonl` events and `heldout.json`, in
+//! [`metrics`]).
 #![warn(missing_docs)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 

@@ -225,18 +225,17 @@ pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSu
             }
             if last_report.0.elapsed() >= Duration::from_secs(2) {
                 let tokens = engine.stats().tokens;
-                metrics.emit(
-                    "actor",
-                    serde_json::json!({
-                        "actor": opts.actor_id,
-                        "stage": stage.config.name,
-                        "policy_version": engine.version(),
-                        "groups": submitted,
-                        "tokens": tokens,
-                        "tokens_per_s": (tokens - last_report.1) as f64
+                metrics.record(&cascade_shared::metrics::ActorEvent {
+                    actor: Some(opts.actor_id.into()),
+                    stage: Some(stage.config.name.clone()),
+                    policy_version: Some(engine.version()),
+                    groups: Some(submitted),
+                    tokens: Some(tokens),
+                    tokens_per_s: Some(
+                        (tokens - last_report.1) as f64
                             / last_report.0.elapsed().as_secs_f64().max(1e-9),
-                    }),
-                );
+                    ),
+                });
                 last_report = (Instant::now(), tokens);
             }
             if engine.is_idle() {

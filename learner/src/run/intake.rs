@@ -4,10 +4,10 @@
 
 use std::time::{Duration, Instant};
 
+use cascade_shared::metrics::{ReplayErrorEvent, ReplaySkip, Warning};
 use cascade_shared::outcomes::PromptTracker;
 use cascade_shared::transport::{ReceivedGroup, RolloutSource, TransportError};
 use cascade_shared::RolloutGroup;
-use serde_json::json;
 
 use super::Learner;
 use crate::error::Result;
@@ -51,17 +51,19 @@ impl<S: RolloutSource> Learner<'_, S> {
                 Ok(g) => g,
                 Err(e @ TransportError::Decode { .. }) => {
                     tracing::warn!("replay record skipped: {e}");
-                    self.metrics
-                        .emit("replay_error", json!({ "error": e.to_string() }));
+                    self.metrics.record(&ReplayErrorEvent {
+                        error: Some(e.to_string()),
+                    });
                     Vec::new()
                 }
                 Err(e) => return Err(e.into()),
             };
             for gap in self.source.take_gaps() {
-                self.metrics.emit(
-                    "replay_skip",
-                    json!({ "actor": gap.actor, "from_seq": gap.from_seq, "to_seq": gap.to_seq }),
-                );
+                self.metrics.record(&ReplaySkip {
+                    actor: Some(gap.actor),
+                    from_seq: Some(gap.from_seq),
+                    to_seq: Some(gap.to_seq),
+                });
             }
             let waited = t0.elapsed().as_secs_f64();
             *idle += waited;
@@ -120,10 +122,10 @@ impl<S: RolloutSource> Learner<'_, S> {
                              rewards (every sample right, or every sample wrong): nothing to \
                              learn from; is the task too hard or too easy for this model?"
                         );
-                        self.metrics.emit(
-                            "warning",
-                            json!({ "stage": stage_name, "equal_reward_groups_in_a_row": in_a_row }),
-                        );
+                        self.metrics.record(&Warning {
+                            stage: Some(stage_name.to_string()),
+                            equal_reward_groups_in_a_row: Some(in_a_row),
+                        });
                     }
                 }
                 Err(DropReason::Stale { .. }) => batch.seen.push(rg.group),

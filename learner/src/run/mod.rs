@@ -37,10 +37,9 @@ use std::time::Instant;
 use candle_core::Device;
 use cascade_shared::chat::Chat;
 use cascade_shared::config::{RunConfig, StageConfig};
-use cascade_shared::metrics::{MetricsLog, METRICS_FILE};
+use cascade_shared::metrics::{self as events, MetricsLog, METRICS_FILE};
 use cascade_shared::snapshot::LearnerState;
 use cascade_shared::transport::{ReceivedGroup, RolloutSource};
-use serde_json::json;
 
 use crate::error::{LearnerError, Result};
 use crate::optim::{AdamW, StepOutcome};
@@ -133,17 +132,20 @@ pub fn run_learner(opts: &LearnerOptions, stop: Arc<AtomicBool>) -> Result<Learn
         idle_s: learner.idle_s,
         wall_s: started.elapsed().as_secs_f64(),
     };
-    learner.metrics.emit(
-        "learner_exit",
-        json!({
-            "status": if exit == LearnerExit::Completed { "completed" } else { "stopped" },
-            "steps": summary.steps,
-            "policy_version": summary.policy_version,
-            "idle_s": summary.idle_s,
-            "wall_s": summary.wall_s,
-            "peak_rss_mb": peak_rss_mb(),
-        }),
-    );
+    learner.metrics.record(&events::LearnerExit {
+        status: Some(
+            match exit {
+                LearnerExit::Completed => "completed",
+                LearnerExit::Stopped => "stopped",
+            }
+            .into(),
+        ),
+        steps: Some(summary.steps),
+        policy_version: Some(summary.policy_version),
+        idle_s: Some(summary.idle_s),
+        wall_s: Some(summary.wall_s),
+        peak_rss_mb: peak_rss_mb(),
+    });
     Ok(summary)
 }
 
@@ -200,15 +202,12 @@ impl<S: RolloutSource> Learner<'_, S> {
             self.state.stage_step = 0;
             self.state.prompt_tracker = None;
             self.publish(true)?;
-            self.metrics.emit(
-                "stage_end",
-                json!({
-                    "stage": stage.name,
-                    "stage_index": index,
-                    "step": self.state.step,
-                    "policy_version": self.state.policy_version,
-                }),
-            );
+            self.metrics.record(&events::StageEnd {
+                stage: Some(stage.name.clone()),
+                stage_index: Some(index as u64),
+                step: Some(self.state.step),
+                policy_version: Some(self.state.policy_version),
+            });
             tracing::info!("stage {} done at step {}", stage.name, self.state.step);
         }
         Ok(LearnerExit::Completed)

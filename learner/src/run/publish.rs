@@ -3,9 +3,9 @@
 use std::time::Instant;
 
 use candle_core::DType;
+use cascade_shared::metrics as events;
 use cascade_shared::snapshot::TOKENIZER_CONFIG_FILE;
 use cascade_shared::transport::RolloutSource;
-use serde_json::json;
 
 use super::start::serialise_position;
 use super::Learner;
@@ -53,16 +53,13 @@ impl<S: RolloutSource> Learner<'_, S> {
         self.source.commit_at(&self.consumed)?;
         self.progressed = self.consumed.clone();
         let deleted = snapshot::retain(&self.snapshots, self.opts.config.learner.keep_snapshots)?;
-        self.metrics.emit(
-            "snapshot",
-            json!({
-                "policy_version": version,
-                "stage_index": self.state.stage_index,
-                "stage_final": stage_final,
-                "publish_s": started.elapsed().as_secs_f64(),
-                "deleted": deleted,
-            }),
-        );
+        self.metrics.record(&events::Snapshot {
+            policy_version: Some(version),
+            stage_index: Some(u64::from(self.state.stage_index)),
+            stage_final: Some(stage_final),
+            publish_s: Some(started.elapsed().as_secs_f64()),
+            deleted: Some(deleted),
+        });
         Ok(())
     }
 }

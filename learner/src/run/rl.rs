@@ -4,12 +4,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use cascade_shared::config::StageConfig;
+use cascade_shared::metrics::{LearnerStep, ModeStats};
 use cascade_shared::model::CausalLm;
 use cascade_shared::outcomes::PromptTracker;
 use cascade_shared::snapshot::{self, version_dir_name};
 use cascade_shared::transport::RolloutSource;
 use cascade_shared::{Mode, RolloutGroup};
-use serde_json::json;
 
 use super::settings::{filter_config, grpo_config, lr_schedule};
 use super::Learner;
@@ -99,42 +99,49 @@ impl<S: RolloutSource> Learner<'_, S> {
                 .iter()
                 .map(|g| version.saturating_sub(g.min_policy_version()))
                 .collect();
-            self.metrics.emit(
-                "learner_step",
-                json!({
-                    "stage": stage.name,
-                    "stage_kind": stage.kind.as_str(),
-                    "stage_index": index,
-                    "stage_step": stage_step + 1,
-                    "stage_steps": stage.steps,
-                    "step": self.state.step,
-                    "policy_version": self.state.policy_version,
-                    "loss": stats.loss,
-                    "grad_norm": grad_norm,
-                    "lr": lr,
-                    "train_tokens": batch.total_tokens(),
-                    "trained_tokens": batch.trained_tokens(),
-                    "tokens_per_s": batch.total_tokens() as f64 / compute_s,
-                    "step_s": step_s,
-                    "idle_s": step.idle_s,
-                    "reward_mean": mean_reward(step.seen.iter()),
-                    "by_mode": by_mode(&step.seen),
-                    "policy_lag": lags,
-                    "groups_kept": step.kept.len(),
-                    "rollouts": step.kept_ids,
-                    "dropped": {
-                        "stale": after.stale - before.stale,
-                        "equal_rewards": after.equal_rewards - before.equal_rewards,
-                        "bad_input": after.bad_input() - before.bad_input(),
-                        "other_stage": after.other_stage - before.other_stage,
-                        "duplicate": after.duplicate - before.duplicate,
-                    },
-                    "queue_depth": self.queue.len(),
-                    "clip_fraction": stats.clipped_tokens / stats.tokens.max(1.0),
-                    "no_signal": step.no_signal,
-                    "skipped": !applied,
-                }),
-            );
+            let dropped = BTreeMap::from([
+                ("stale".to_string(), after.stale - before.stale),
+                (
+                    "equal_rewards".to_string(),
+                    after.equal_rewards - before.equal_rewards,
+                ),
+                (
+                    "bad_input".to_string(),
+                    after.bad_input() - before.bad_input(),
+                ),
+                (
+                    "other_stage".to_string(),
+                    after.other_stage - before.other_stage,
+                ),
+                ("duplicate".to_string(), after.duplicate - before.duplicate),
+            ]);
+            self.metrics.record(&LearnerStep {
+                stage: Some(stage.name.clone()),
+                stage_kind: Some(stage.kind.as_str().to_string()),
+                stage_index: Some(index as u64),
+                stage_step: Some(stage_step + 1),
+                stage_steps: Some(stage.steps as u64),
+                step: Some(self.state.step),
+                policy_version: Some(self.state.policy_version),
+                loss: Some(stats.loss),
+                grad_norm,
+                lr: Some(lr),
+                train_tokens: Some(batch.total_tokens() as u64),
+                trained_tokens: Some(batch.trained_tokens() as u64),
+                tokens_per_s: Some(batch.total_tokens() as f64 / compute_s),
+                step_s: Some(step_s),
+                idle_s: Some(step.idle_s),
+                reward_mean: mean_reward(step.seen.iter()),
+                by_mode: Some(by_mode(&step.seen)),
+                policy_lag: Some(lags),
+                groups_kept: Some(step.kept.len() as u64),
+                rollouts: Some(step.kept_ids),
+                dropped: Some(dropped),
+                queue_depth: Some(self.queue.len() as u64),
+                clip_fraction: Some(stats.clipped_tokens / stats.tokens.max(1.0)),
+                no_signal: Some(step.no_signal),
+                skipped: Some(!applied),
+            });
             if due {
                 self.publish(false)?;
             }
@@ -155,7 +162,7 @@ fn mean_reward<'g>(groups: impl Iterator<Item = &'g RolloutGroup>) -> Option<f64
 }
 
 /// Per-mode reward mean, pass rate (fraction of samples with reward ≥ 1) and response length.
-fn by_mode(groups: &[RolloutGroup]) -> serde_json::Value {
+fn by_mode(groups: &[RolloutGroup]) -> BTreeMap<String, ModeStats> {
     let mut out = BTreeMap::new();
     for mode in [Mode::Think, Mode::NoThink] {
         let of_mode: Vec<&RolloutGroup> = groups.iter().filter(|g| g.mode == mode).collect();
@@ -166,13 +173,19 @@ fn by_mode(groups: &[RolloutGroup]) -> serde_json::Value {
         let n = samples.len().max(1) as f64;
         out.insert(
             mode.as_str().to_string(),
-            json!({
-                "groups": of_mode.len(),
-                "reward_mean": samples.iter().map(|s| f64::from(s.reward)).sum::<f64>() / n,
-                "pass_rate": samples.iter().filter(|s| s.reward >= 1.0).count() as f64 / n,
-                "response_len": samples.iter().map(|s| s.response_ids.len() as f64).sum::<f64>() / n,
-            }),
+            ModeStats {
+                groups: Some(of_mode.len() as u64),
+                reward_mean: Some(samples.iter().map(|s| f64::from(s.reward)).sum::<f64>() / n),
+                pass_rate: Some(samples.iter().filter(|s| s.reward >= 1.0).count() as f64 / n),
+                response_len: Some(
+                    samples
+                        .iter()
+                        .map(|s| s.response_ids.len() as f64)
+                        .sum::<f64>()
+                        / n,
+                ),
+            },
         );
     }
-    json!(out)
+    out
 }

@@ -3,8 +3,8 @@
 use std::time::Instant;
 
 use cascade_shared::config::StageConfig;
+use cascade_shared::metrics::SftStep;
 use cascade_shared::transport::RolloutSource;
-use serde_json::json;
 
 use super::settings::lr_schedule;
 use super::Learner;
@@ -70,25 +70,22 @@ impl<S: RolloutSource> Learner<'_, S> {
             let step_s = t0.elapsed().as_secs_f64();
             let stage_step = self.state.stage_step;
             let (applied, due) = self.finish_step(outcome, stage);
-            self.metrics.emit(
-                "sft_step",
-                json!({
-                    "stage": stage.name,
-                    "stage_index": index,
-                    "stage_step": stage_step + 1,
-                    "stage_steps": stage.steps,
-                    "step": self.state.step,
-                    "policy_version": self.state.policy_version,
-                    "loss": stats.loss,
-                    "lr": lr,
-                    "grad_norm": grad_norm,
-                    "train_tokens": stats.total_tokens,
-                    "trained_tokens": stats.trained_tokens,
-                    "tokens_per_s": stats.total_tokens as f64 / step_s.max(1e-9),
-                    "step_s": step_s,
-                    "skipped": !applied,
-                }),
-            );
+            self.metrics.record(&SftStep {
+                stage: Some(stage.name.clone()),
+                stage_index: Some(index as u64),
+                stage_step: Some(stage_step + 1),
+                stage_steps: Some(stage.steps as u64),
+                step: Some(self.state.step),
+                policy_version: Some(self.state.policy_version),
+                loss: Some(stats.loss),
+                lr: Some(lr),
+                grad_norm,
+                train_tokens: Some(stats.total_tokens as u64),
+                trained_tokens: Some(stats.trained_tokens as u64),
+                tokens_per_s: Some(stats.total_tokens as f64 / step_s.max(1e-9)),
+                step_s: Some(step_s),
+                skipped: Some(!applied),
+            });
             if due {
                 self.publish(false)?;
             }

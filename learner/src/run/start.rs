@@ -11,7 +11,7 @@ use candle_core::{DType, Device, Tensor};
 use cascade_replay::ReaderOptions;
 use cascade_shared::chat::Chat;
 use cascade_shared::config::{DtypeChoice, StageConfig};
-use cascade_shared::metrics::MetricsLog;
+use cascade_shared::metrics::{MetricsLog, Resume};
 use cascade_shared::model::{
     compute_dtype, initial_model, trainable_from_tensors, CausalLm, ModelConfig, Params,
 };
@@ -19,7 +19,6 @@ use cascade_shared::snapshot::{
     self, LearnerState, CONFIG_FILE, OPTIMIZER_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE,
 };
 use cascade_shared::transport::{ReplaySource, RolloutSource};
-use serde_json::json;
 
 use super::settings::adamw_config;
 use super::{Learner, LearnerOptions};
@@ -219,16 +218,13 @@ impl<'a> Learner<'a, ReplaySource> {
             // Version 0: the initial weights, kept as the start of stage 0.
             learner.publish(true)?;
         } else {
-            learner.metrics.emit(
-                "resume",
-                json!({
-                    "policy_version": learner.state.policy_version,
-                    "step": learner.state.step,
-                    "stage_index": learner.state.stage_index,
-                    "stage_step": learner.state.stage_step,
-                    "resume_s": started.elapsed().as_secs_f64(),
-                }),
-            );
+            learner.metrics.record(&Resume {
+                policy_version: Some(learner.state.policy_version),
+                step: Some(learner.state.step),
+                stage_index: Some(u64::from(learner.state.stage_index)),
+                stage_step: Some(learner.state.stage_step),
+                resume_s: Some(started.elapsed().as_secs_f64()),
+            });
         }
         Ok(learner)
     }

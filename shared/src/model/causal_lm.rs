@@ -5,12 +5,12 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Module, Tensor};
 
+use super::config::parameter_shapes;
 use super::config::ModelConfig;
 use super::flash_attn::{flash_attn, Segments};
 use super::layers::{
     apply_rotary, gather_logprobs, softmax_last, Linear, Mlp, OpsMode, RmsNorm, Rotary,
 };
-use super::config::parameter_shapes;
 use super::{ModelError, Result};
 
 /// How the full-sequence (training) forward computes attention.

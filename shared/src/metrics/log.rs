@@ -1,10 +1,5 @@
-//! `RUN_DIR/metrics.jsonl`: one JSON object per line, appended by every process of a run.
-//!
-//! Each line is `{"t": unix seconds, "proc": "learner" | "actor-0" | "supervisor", "event": ...,
-//! ...fields}`; the events and their fields are documented in the `cascade-report` crate, which
-//! reads them. Lines are written with one `write` call on a file opened with `O_APPEND`, so lines
-//! of concurrent processes never interleave. A metrics write that fails is logged and dropped:
-//! metrics never stop training.
+//! The writer of `metrics.jsonl`: one [`MetricsLog`] per process, appending one line per event
+//! (the envelope `t`, `proc`, `event` plus the event's fields; see the [module docs](super)).
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -13,6 +8,8 @@ use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{Map, Value};
+
+use super::events::MetricsEvent;
 
 /// File name of the metrics log inside a run directory.
 pub const METRICS_FILE: &str = "metrics.jsonl";
@@ -54,8 +51,21 @@ impl MetricsLog {
         }
     }
 
-    /// Appends one event. `fields` must be a JSON object (anything else is stored as
-    /// `"value"`).
+    /// Appends one typed event under its name ([`MetricsEvent::NAME`]).
+    pub fn record<E: MetricsEvent>(&self, event: &E) {
+        if self.file.is_none() {
+            return;
+        }
+        match serde_json::to_value(event) {
+            Ok(fields) => self.emit(E::NAME, fields),
+            // Unreachable for the event types (plain structs of numbers, strings and maps with
+            // string keys); a metrics line is never worth stopping a run for.
+            Err(e) => tracing::warn!(event = E::NAME, "metrics event not serialisable: {e}"),
+        }
+    }
+
+    /// Appends one untyped event. `fields` must be a JSON object (anything else is stored as
+    /// `"value"`). Prefer [`MetricsLog::record`] with the event's type.
     pub fn emit(&self, event: &str, fields: Value) {
         let Some(file) = &self.file else { return };
         let mut obj = Map::new();

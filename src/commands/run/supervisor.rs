@@ -1,0 +1,325 @@
+//! The children of `cascade run`: the learner and the actors as processes of this executable.
+//! An actor that dies is restarted (at most `--max-restarts` times each); the learner exiting
+//! ends supervision; starts, exits and restarts go to `metrics.jsonl` as `process` events with
+//! the child's peak RSS.
+
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use cascade_shared::config::RunConfig;
+use cascade_shared::metrics::{MetricsLog, ProcessEvent};
+
+use super::progress::Progress;
+
+/// How supervision ended.
+pub(super) enum Outcome {
+    /// SIGINT/SIGTERM: every child was stopped (the learner with a final snapshot).
+    Interrupted,
+    /// The learner exited: `Err(status)` unless it completed. Actors still running are left to
+    /// [`Supervisor::stop_actors`].
+    LearnerExited(Result<(), String>),
+}
+
+/// The learner and the actors of one run.
+pub(super) struct Supervisor<'a> {
+    run_dir: PathBuf,
+    metrics: &'a MetricsLog,
+    max_restarts: u32,
+    learner: Child,
+    actors: Vec<Child>,
+}
+
+impl<'a> Supervisor<'a> {
+    /// Starts the learner (resuming when the run has a snapshot) and one actor per actor device
+    /// of `config`; the children read `config_path`.
+    pub(super) fn start(
+        config: &RunConfig,
+        config_path: &Path,
+        run_dir: &Path,
+        metrics: &'a MetricsLog,
+        max_restarts: u32,
+    ) -> anyhow::Result<Self> {
+        let config_arg = config_path.display().to_string();
+        let run_dir_arg = run_dir.display().to_string();
+        let mut learner_args = vec![
+            "learner".to_string(),
+            "--run-dir".into(),
+            run_dir_arg.clone(),
+            "--config".into(),
+            config_arg.clone(),
+            "--device".into(),
+            config.devices.learner.to_string(),
+        ];
+        if run_dir.join("snapshots").join("LATEST").exists() {
+            learner_args.push("--resume".into());
+        }
+        let learner = Child::new("learner".into(), learner_args);
+        let actors = config
+            .devices
+            .actor_assignment()
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                Child::new(
+                    format!("actor-{i}"),
+                    vec![
+                        "actor".into(),
+                        "--run-dir".into(),
+                        run_dir_arg.clone(),
+                        "--config".into(),
+                        config_arg.clone(),
+                        "--actor-id".into(),
+                        i.to_string(),
+                        "--device".into(),
+                        d.to_string(),
+                    ],
+                )
+            })
+            .collect();
+        let mut supervisor = Supervisor {
+            run_dir: run_dir.to_path_buf(),
+            metrics,
+            max_restarts,
+            learner,
+            actors,
+        };
+        supervisor.learner.spawn(run_dir, metrics)?;
+        for a in &mut supervisor.actors {
+            a.spawn(run_dir, metrics)?;
+        }
+        Ok(supervisor)
+    }
+
+    /// Watches the children until the learner exits or `stop` is raised, restarting actors that
+    /// die and showing `progress`.
+    pub(super) fn supervise(
+        &mut self,
+        stop: &AtomicBool,
+        progress: &mut Progress,
+    ) -> anyhow::Result<Outcome> {
+        let mut gave_up = 0usize;
+        loop {
+            progress.update();
+            if stop.load(Ordering::Relaxed) {
+                progress.finish();
+                eprintln!("stopping: the learner publishes a final snapshot...");
+                let mut all: Vec<&mut Child> = vec![&mut self.learner];
+                all.extend(self.actors.iter_mut());
+                stop_children(&mut all, Duration::from_secs(120), self.metrics);
+                return Ok(Outcome::Interrupted);
+            }
+            if let Some(exit) = self.learner.poll() {
+                self.metrics
+                    .record(&exit.event("exit", &self.learner.name, self.learner.restarts));
+                return Ok(Outcome::LearnerExited(if exit.ok {
+                    Ok(())
+                } else {
+                    Err(exit.status)
+                }));
+            }
+            for a in &mut self.actors {
+                if a.done {
+                    continue;
+                }
+                let Some(exit) = a.poll() else { continue };
+                if exit.ok {
+                    // Finished on its own (no RL stage left).
+                    self.metrics
+                        .record(&exit.event("exit", &a.name, a.restarts));
+                    a.done = true;
+                } else if a.restarts < self.max_restarts {
+                    a.restarts += 1;
+                    self.metrics
+                        .record(&exit.event("restart", &a.name, a.restarts));
+                    tracing::warn!("{} died ({}); restart {}", a.name, exit.status, a.restarts);
+                    a.spawn(&self.run_dir, self.metrics)?;
+                } else {
+                    self.metrics
+                        .record(&exit.event("give_up", &a.name, a.restarts));
+                    eprintln!(
+                        "warning: {} died ({}) after {} restarts; continuing without it (see {})",
+                        a.name,
+                        exit.status,
+                        a.restarts,
+                        self.run_dir
+                            .join("logs")
+                            .join(format!("{}.log", a.name))
+                            .display()
+                    );
+                    a.done = true;
+                    gave_up += 1;
+                }
+            }
+            if gave_up > 0 && self.actors.iter().all(|a| a.done) {
+                // Every actor is gone and at least one gave up, so the RL stages are not
+                // finished (an actor exits on its own only past the last RL stage): the learner
+                // would wait forever for rollouts.
+                let mut all: Vec<&mut Child> = vec![&mut self.learner];
+                stop_children(&mut all, Duration::from_secs(120), self.metrics);
+                progress.finish();
+                return Ok(Outcome::LearnerExited(Err(
+                    "every actor gave up; the learner was stopped with a final snapshot".into(),
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Stops the actors still running (SIGTERM, then SIGKILL after `grace`).
+    pub(super) fn stop_actors(&mut self, grace: Duration) {
+        let mut running: Vec<&mut Child> = self.actors.iter_mut().filter(|a| !a.done).collect();
+        stop_children(&mut running, grace, self.metrics);
+    }
+}
+
+/// How a child ended.
+struct Exit {
+    /// `exit code N`, `killed by signal N` or `stopped`.
+    status: String,
+    /// Exit code 0.
+    ok: bool,
+    /// Peak resident set size in MiB.
+    peak_rss_mb: f64,
+}
+
+impl Exit {
+    /// The `process` event of this exit.
+    fn event(&self, what: &str, name: &str, restarts: u32) -> ProcessEvent {
+        ProcessEvent {
+            what: Some(what.into()),
+            name: Some(name.into()),
+            pid: None,
+            status: Some(self.status.clone()),
+            peak_rss_mb: Some(self.peak_rss_mb),
+            restarts: Some(restarts.into()),
+        }
+    }
+}
+
+/// One supervised child process.
+struct Child {
+    name: String,
+    args: Vec<String>,
+    pid: Option<i32>,
+    restarts: u32,
+    done: bool,
+}
+
+impl Child {
+    fn new(name: String, args: Vec<String>) -> Self {
+        Child {
+            name,
+            args,
+            pid: None,
+            restarts: 0,
+            done: false,
+        }
+    }
+
+    fn spawn(&mut self, run_dir: &Path, metrics: &MetricsLog) -> anyhow::Result<()> {
+        let log_path = run_dir.join("logs").join(format!("{}.log", self.name));
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .with_context(|| format!("opening {}", log_path.display()))?;
+        let exe = std::env::current_exe().context("locating the cascade executable")?;
+        let mut cmd = Command::new(exe);
+        cmd.args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        if std::env::var_os("RUST_LOG").is_none() {
+            cmd.env("RUST_LOG", "info");
+        }
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {}", self.name))?;
+        self.pid = Some(child.id() as i32);
+        // The child is reaped with wait4 below (for its resource usage), not through `child`.
+        drop(child);
+        metrics.record(&ProcessEvent {
+            what: Some("start".into()),
+            name: Some(self.name.clone()),
+            pid: self.pid.map(|p| p as u64),
+            restarts: Some(self.restarts.into()),
+            ..ProcessEvent::default()
+        });
+        Ok(())
+    }
+
+    /// `Some` once the child has exited.
+    fn poll(&mut self) -> Option<Exit> {
+        let pid = self.pid?;
+        let mut status = 0;
+        // SAFETY: an all-zero rusage is a valid value of this plain C struct.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: `status` and `usage` are valid for writes; `pid` is our own child.
+        let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
+        if r != pid {
+            return None;
+        }
+        self.pid = None;
+        let peak_rss_mb = usage.ru_maxrss as f64 / 1024.0;
+        let (status, ok) = if libc::WIFEXITED(status) {
+            let code = libc::WEXITSTATUS(status);
+            (format!("exit code {code}"), code == 0)
+        } else if libc::WIFSIGNALED(status) {
+            (
+                format!("killed by signal {}", libc::WTERMSIG(status)),
+                false,
+            )
+        } else {
+            ("stopped".into(), false)
+        };
+        Some(Exit {
+            status,
+            ok,
+            peak_rss_mb,
+        })
+    }
+
+    fn signal(&self, sig: i32) {
+        if let Some(pid) = self.pid {
+            // SAFETY: kill(2) with our own child's pid.
+            unsafe {
+                libc::kill(pid, sig);
+            }
+        }
+    }
+}
+
+/// Sends SIGTERM, waits up to `grace`, then SIGKILLs; records each exit.
+fn stop_children(children: &mut [&mut Child], grace: Duration, metrics: &MetricsLog) {
+    for c in children.iter() {
+        c.signal(libc::SIGTERM);
+    }
+    let deadline = Instant::now() + grace;
+    loop {
+        let mut running = false;
+        for c in children.iter_mut() {
+            if c.pid.is_some() {
+                match c.poll() {
+                    Some(exit) => {
+                        metrics.record(&exit.event("exit", &c.name, c.restarts));
+                        c.done = true;
+                    }
+                    None => running = true,
+                }
+            }
+        }
+        if !running {
+            return;
+        }
+        if Instant::now() >= deadline {
+            for c in children.iter() {
+                c.signal(libc::SIGKILL);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
