@@ -11,7 +11,7 @@ use cascade_rewards::{Reward, SplitResponse, Verifier, VerifyError};
 use cascade_shared::chat::Chat;
 use cascade_shared::model::{compute_dtype, CausalLm, Checkpoint, ModelConfig};
 pub use cascade_shared::reward_head::SCORE_WEIGHT;
-use cascade_shared::reward_head::{check_head, pair_ids, sequence_scores};
+use cascade_shared::reward_head::{self, check_head, pair_ids};
 
 use crate::error::Result;
 
@@ -81,21 +81,23 @@ impl RewardModel {
 
     /// Scores token sequences (each a whole conversation), batched.
     pub fn score_ids(&self, seqs: &[Vec<u32>]) -> Result<Vec<f32>> {
-        let mut out = Vec::with_capacity(seqs.len());
-        for chunk in seqs.chunks(self.max_batch) {
-            let chunk: Vec<&[u32]> = chunk.iter().map(Vec::as_slice).collect();
-            out.extend(sequence_scores(&self.model, &self.head, &chunk)?.to_vec1::<f32>()?);
-        }
-        Ok(out)
+        Ok(reward_head::score_ids(
+            &self.model,
+            &self.head,
+            seqs,
+            self.max_batch,
+        )?)
     }
 
     /// Scores (prompt, response) pairs, batched.
     pub fn score_pairs(&self, pairs: &[(&str, &str)]) -> Result<Vec<f32>> {
-        let seqs = pairs
-            .iter()
-            .map(|(p, r)| self.encode_pair(p, r))
-            .collect::<Result<Vec<_>>>()?;
-        self.score_ids(&seqs)
+        Ok(reward_head::score_pairs(
+            &self.model,
+            &self.head,
+            &self.chat,
+            pairs,
+            self.max_batch,
+        )?)
     }
 }
 

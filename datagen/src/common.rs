@@ -65,24 +65,9 @@ impl Domain {
     }
 }
 
-/// Thinking or direct answer; the chat template adds the matching `/think` or `/no_think` flag.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Mode {
-    /// `<think>\n{reasoning}\n</think>\n\n{answer}`.
-    Think,
-    /// `{answer}` alone.
-    NoThink,
-}
-
-impl Mode {
-    /// `"think"` or `"no_think"`, as in `sft.jsonl`'s `mode` field.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::Think => "think",
-            Mode::NoThink => "no_think",
-        }
-    }
-}
+/// Thinking or direct answer (the rollout schema's own type): the chat template adds the
+/// matching `/think` or `/no_think` flag.
+pub use cascade_shared::Mode;
 
 /// One generated prompt with its reference data and its gold response.
 #[derive(Debug, Clone, PartialEq)]

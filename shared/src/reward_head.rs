@@ -41,6 +41,9 @@ pub enum RewardHeadError {
     /// The forward pass failed.
     #[error(transparent)]
     Model(#[from] ModelError),
+    /// Rendering or tokenising a conversation failed.
+    #[error(transparent)]
+    Chat(#[from] ChatError),
     /// A tensor operation failed.
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
@@ -105,4 +108,35 @@ pub fn sequence_scores(
         .matmul(&head)?
         .squeeze(1)?
         .to_dtype(DType::F32)?)
+}
+
+/// Scores of whole token sequences, `max_batch` sequences per forward pass (no gradient is
+/// kept beyond each batch's values).
+pub fn score_ids(
+    model: &CausalLm,
+    head: &Tensor,
+    seqs: &[Vec<u32>],
+    max_batch: usize,
+) -> Result<Vec<f32>, RewardHeadError> {
+    let mut out = Vec::with_capacity(seqs.len());
+    for chunk in seqs.chunks(max_batch.max(1)) {
+        let chunk: Vec<&[u32]> = chunk.iter().map(Vec::as_slice).collect();
+        out.extend(sequence_scores(model, head, &chunk)?.to_vec1::<f32>()?);
+    }
+    Ok(out)
+}
+
+/// Scores of (prompt, response) pairs: each rendered with [`pair_ids`], then [`score_ids`].
+pub fn score_pairs(
+    model: &CausalLm,
+    head: &Tensor,
+    chat: &Chat,
+    pairs: &[(&str, &str)],
+    max_batch: usize,
+) -> Result<Vec<f32>, RewardHeadError> {
+    let seqs = pairs
+        .iter()
+        .map(|(p, r)| pair_ids(chat, p, r))
+        .collect::<Result<Vec<_>, _>>()?;
+    score_ids(model, head, &seqs, max_batch)
 }

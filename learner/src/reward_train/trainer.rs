@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use candle_core::{Tensor, Var};
 use cascade_shared::chat::Chat;
 use cascade_shared::model::{trainable_from_tensors, CausalLm, ModelConfig, Params};
-use cascade_shared::reward_head::{pair_ids, sequence_scores};
+use cascade_shared::reward_head::{self, pair_ids, sequence_scores};
 
 use super::config::RmTrainConfig;
 use super::data::{EncodedPair, PreferencePair};
@@ -186,21 +186,23 @@ impl RmTrainer {
 
     /// Scores token sequences (whole conversations), `2 · micro_batch` at a time.
     pub fn score_ids(&self, seqs: &[Vec<u32>]) -> Result<Vec<f32>> {
-        let mut out = Vec::with_capacity(seqs.len());
-        for chunk in seqs.chunks(2 * self.cfg.micro_batch) {
-            let chunk: Vec<&[u32]> = chunk.iter().map(Vec::as_slice).collect();
-            out.extend(self.scores_of(&chunk)?.to_vec1::<f32>()?);
-        }
-        Ok(out)
+        Ok(reward_head::score_ids(
+            &self.model,
+            self.head.as_tensor(),
+            seqs,
+            2 * self.cfg.micro_batch,
+        )?)
     }
 
-    /// Scores (prompt, response) pairs, like the actor's `RewardModel::score_pairs`.
+    /// Scores (prompt, response) pairs, as the actor's `RewardModel::score_pairs` does.
     pub fn score_pairs(&self, pairs: &[(&str, &str)]) -> Result<Vec<f32>> {
-        let seqs = pairs
-            .iter()
-            .map(|(p, r)| self.encode_pair(p, r))
-            .collect::<Result<Vec<_>>>()?;
-        self.score_ids(&seqs)
+        Ok(reward_head::score_pairs(
+            &self.model,
+            self.head.as_tensor(),
+            &self.chat,
+            pairs,
+            2 * self.cfg.micro_batch,
+        )?)
     }
 
     /// Pairwise accuracy of encoded pairs: the fraction with `s_chosen > s_rejected`, a tie
