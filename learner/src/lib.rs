@@ -30,7 +30,7 @@ pub mod train_step;
 pub use batch::{GrpoBatch, LossNormaliser, MicroBatch};
 pub use error::{LearnerError, Result};
 pub use filter::{DropReason, FilterConfig, FilterMetrics, GroupFilter};
-pub use grpo::{GrpoConfig, GrpoStats, LossAggregation};
+pub use grpo::{GrpoConfig, GrpoStats, KlEstimator, LossAggregation};
 pub use optim::{AdamW, AdamWConfig, StepOutcome};
 pub use outcomes::{OutcomeConfig, PromptTracker};
 pub use policy::PolicyModel;

@@ -33,6 +33,7 @@ use candle_core::{DType, Device, Tensor};
 use cascade_replay::ReplayError;
 use cascade_replay::{Cursors, ReaderOptions};
 use cascade_shared::chat::Chat;
+use cascade_shared::config::KlEstimator as KlChoice;
 use cascade_shared::config::{DtypeChoice, LossAgg, RunConfig, Schedule, StageConfig};
 use cascade_shared::metrics::{MetricsLog, METRICS_FILE};
 use cascade_shared::model::{
@@ -45,7 +46,7 @@ use serde_json::json;
 use crate::batch::GrpoBatch;
 use crate::error::{LearnerError, Result};
 use crate::filter::{DropReason, FilterConfig, GroupFilter};
-use crate::grpo::{GrpoConfig, LossAggregation};
+use crate::grpo::{GrpoConfig, KlEstimator, LossAggregation};
 use crate::optim::{AdamW, AdamWConfig, StepOutcome};
 use crate::outcomes::{OutcomeConfig, PromptTracker};
 use crate::rng::{seeded, RngState};
@@ -300,7 +301,14 @@ fn grpo_config(stage: &StageConfig) -> GrpoConfig {
         clip_eps_low: stage.eps_low as f32,
         clip_eps_high: stage.eps_high as f32,
         tis_cap: stage.tis_cap.map(|c| c as f32),
+        // Issue 19: dual clip, KL estimator and its bound; 0 in the config = off.
+        dual_clip: (stage.dual_clip > 0.0).then_some(stage.dual_clip as f32),
         kl_coef: stage.kl_coef as f32,
+        kl_estimator: match stage.kl_estimator {
+            KlChoice::K3 => KlEstimator::K3,
+            KlChoice::K3Is => KlEstimator::K3Importance,
+        },
+        kl_log_ratio_max: (stage.kl_log_ratio_max > 0.0).then_some(stage.kl_log_ratio_max as f32),
         aggregation: match stage.loss_agg {
             LossAgg::Token => LossAggregation::Token,
             LossAgg::Sequence => LossAggregation::Sequence,
@@ -916,6 +924,14 @@ impl<'a> Learner<'a> {
                     },
                     "queue_depth": self.queue.len(),
                     "clip_fraction": stats.clipped_tokens / stats.tokens.max(1.0),
+                    // Issue 19: what bounds the objective did on this batch.
+                    "ratio_mean": stats.ratio_sum / stats.tokens.max(1.0),
+                    "ratio_max": stats.ratio_max,
+                    "dual_clip_fraction": stats.dual_clipped_tokens / stats.tokens.max(1.0),
+                    "kl_mean": stats.kl_sum / stats.tokens.max(1.0),
+                    "kl_max": stats.kl_max,
+                    "kl_bounded_fraction": stats.kl_bounded_tokens / stats.tokens.max(1.0),
+                    "ref_log_ratio_max": stats.ref_log_ratio_max,
                     "no_signal": no_signal_step,
                     "skipped": !applied,
                 }),

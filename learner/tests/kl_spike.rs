@@ -19,7 +19,9 @@ use std::collections::HashMap;
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor, D};
 use cascade_learner::train_step::accumulate_grpo_gradients;
-use cascade_learner::{AdamW, AdamWConfig, GrpoBatch, GrpoConfig, GrpoStats, PolicyModel};
+use cascade_learner::{
+    AdamW, AdamWConfig, GrpoBatch, GrpoConfig, GrpoStats, KlEstimator, PolicyModel,
+};
 use cascade_shared::model::{
     random_weights, trainable_from_tensors, CausalLm, ModelConfig, Params,
 };
@@ -304,5 +306,38 @@ fn k3_on_a_batch_one_version_old_spikes() -> Result<()> {
     // ... and the unweighted k3 turns that into a spike of two orders of magnitude.
     assert!(n2 > 50.0 * n1, "grad norm {n2} vs {n1} at step 1");
     assert!(s2.loss > 1.0 && s2.kl_sum / s2.tokens > 20.0, "{s2:?}");
+    Ok(())
+}
+
+#[test]
+fn importance_weighted_bounded_kl_and_dual_clip_keep_the_second_step_bounded() -> Result<()> {
+    // The stage defaults (shared::config::StageConfig): k3 weighted by π_θ/π_behaviour with
+    // its log-ratio bounded at 2, dual clip 3.
+    let guarded = GrpoConfig {
+        kl_coef: 0.05,
+        clip_eps_high: 0.2,
+        kl_estimator: KlEstimator::K3Importance,
+        kl_log_ratio_max: Some(2.0),
+        dual_clip: Some(3.0),
+        ..GrpoConfig::default()
+    };
+    let (s1, n1, s2, n2, drop) = second_step(&guarded)?;
+    eprintln!(
+        "k3_is: step 1 loss {:.4} grad_norm {n1:.3}; step 2 loss {:.4} grad_norm {n2:.3} \
+         kl_mean {:.4} kl_max {:.4} bounded {} max(r − lp) {drop:.2} ratio_max {:.3}",
+        s1.loss,
+        s2.loss,
+        s2.kl_sum / s2.tokens,
+        s2.kl_max,
+        s2.kl_bounded_tokens,
+        s2.ratio_max
+    );
+    assert!(s1.kl_sum.abs() < 1e-3, "{s1:?}");
+    // The same first step moved sampled tokens as far ...
+    assert!(drop > 5.0, "max(r − lp) {drop}");
+    assert!((s2.ref_log_ratio_max - drop as f64).abs() < 1e-3);
+    // ... but the second step stays at the first step's scale.
+    assert!(n2 < 5.0 * n1, "grad norm {n2} vs {n1} at step 1");
+    assert!(s2.loss.abs() < 0.5 && s2.kl_sum / s2.tokens < 1.0, "{s2:?}");
     Ok(())
 }

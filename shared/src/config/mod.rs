@@ -23,7 +23,9 @@ pub use extra::{EvalConfig, RewardModelTrainConfig};
 pub use knobs::{ActorArgs, ActorConfig, LearnerArgs, LearnerConfig, ReplayArgs, ReplayConfig};
 pub use model::{DtypeChoice, InitConfig, ModelConfig};
 pub use overrides::Override;
-pub use stage::{IfStrictness, LossAgg, MaxResponseTokens, Schedule, StageConfig, VerifierConfig};
+pub use stage::{
+    IfStrictness, KlEstimator, LossAgg, MaxResponseTokens, Schedule, StageConfig, VerifierConfig,
+};
 
 use error::invalid;
 
