@@ -42,6 +42,12 @@
 //! | `groups_kept` | u64 | groups trained on |
 //! | `dropped` | object | groups dropped by reason: `{"stale": n, "equal_rewards": n, "bad_input": n}` (other reasons allowed) |
 //! | `queue_depth` | u64 | rollout queue depth when the step started |
+//! | `clip_fraction` | f64 | trained tokens whose PPO-clipped branch was taken |
+//! | `ratio_mean`, `ratio_max` | f64 | π_θ/π_behaviour over the trained tokens |
+//! | `dual_clip_fraction` | f64 | trained tokens whose negative-advantage loss the dual clip bounded |
+//! | `kl_mean`, `kl_max` | f64 | per-token KL estimate the loss used (0 without a KL term) |
+//! | `kl_bounded_fraction` | f64 | trained tokens past `kl_log_ratio_max` (linear part of the estimate) |
+//! | `ref_log_ratio_max` | f64 | largest log π_ref − log π_θ of a trained token, in nats |
 //! | `skipped` | bool | the step was skipped (no usable groups) |
 //!
 //! ## `sft_step` — one supervised step (learner)
