@@ -10,8 +10,20 @@
 //!   against the learner's own current log-probs, `ratio = exp(lp − sg(lp))` (= 1 in value,
 //!   gradient `∇lp`), and the behaviour mismatch enters as a truncated, stop-gradient weight
 //!   `w = min(exp(sg(lp) − b), C)`: `ℓ_t = −w·min(ratio·A, clip(ratio, …)·A)`;
-//! * with a KL coefficient `β > 0` and reference log-probs `r` (k3 estimator):
-//!   `ℓ_t += β·(exp(r − lp) − (r − lp) − 1)`.
+//! * with a dual clip `c` ([`GrpoConfig::dual_clip`], Ye et al. 2020): for `A < 0` the
+//!   surrogate is also bounded by `c·|A|`, `ℓ_t = min(ℓ_t, −c·A)` (before the TIS weight);
+//! * with a KL coefficient `β > 0` and reference log-probs `r`, with `Δ = r − lp`:
+//!   - [`KlEstimator::K3`] (TRL): `ℓ_t += β·k3(Δ)`, `k3(Δ) = exp(Δ) − Δ − 1`;
+//!   - [`KlEstimator::K3Importance`]: `ℓ_t += β·w·k3(Δ)` with the stop-gradient importance
+//!     weight `w = exp(sg(lp) − b)`. k3 is an unbiased estimate of KL(π_θ‖π_ref) only on
+//!     tokens drawn from π_θ; the learner's tokens were drawn from the behaviour policy, and
+//!     `E_b[w·k3] = E_θ[k3]`. On-policy `w = 1`: value and gradient equal K3's. Off-policy, when
+//!     the behaviour policy is the reference (the first steps of a stage), the per-token
+//!     gradient `w·(1 − exp(Δ)) = w − π_ref/π_b` is `w − 1 ≥ −1` instead of `1 − exp(Δ)`,
+//!     which is unbounded when one update made a reference-likely token unlikely;
+//!   - with a bound `δ` ([`GrpoConfig::kl_log_ratio_max`]): `k3` is continued linearly past
+//!     `Δ = δ` (`k3(δ) + (e^δ − 1)(Δ − δ)`, same value and slope at `δ`) and `w ≤ e^δ`, so one
+//!     token's KL gradient is at most `β·e^δ·(e^δ − 1)` whatever the batch holds.
 //!
 //! Aggregation over the (accumulated) batch, `m_t` the loss mask:
 //! token-level `Σ m_t ℓ_t / Σ m_t` (the sum over all trained tokens of the batch) or
@@ -25,6 +37,18 @@ use serde::{Deserialize, Serialize};
 pub use crate::batch::LossAggregation;
 use crate::batch::{BatchConfig, LossNormaliser, MicroBatch};
 use crate::error::{LearnerError, Result};
+
+/// How the per-token KL to the reference is estimated (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum KlEstimator {
+    /// `exp(r − lp) − (r − lp) − 1` on every trained token as it is (TRL's `GRPOTrainer`).
+    #[default]
+    K3,
+    /// k3 weighted by the stop-gradient importance ratio `π_θ/π_behaviour` (DeepSeek-V3.2's
+    /// unbiased KL estimate); equal to `K3` on-policy.
+    K3Importance,
+}
 
 /// GRPO settings of one stage.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -40,8 +64,16 @@ pub struct GrpoConfig {
     pub clip_eps_high: f32,
     /// Truncated-importance-sampling cap `C`; `None` = ratio against the behaviour policy.
     pub tis_cap: Option<f32>,
+    /// Dual-clip constant `c > 1`: for a negative advantage the per-token surrogate loss is at
+    /// most `c·|A|` however large the ratio; `None` = plain PPO clipping (TRL).
+    pub dual_clip: Option<f32>,
     /// KL coefficient β to the frozen reference (0 = no KL term, no reference forward).
     pub kl_coef: f32,
+    /// How the KL term is estimated.
+    pub kl_estimator: KlEstimator,
+    /// Bound `δ > 0` on the log-ratio `r − lp` inside the KL estimate (linear past it) and on
+    /// the log of its importance weight; `None` = unbounded (TRL).
+    pub kl_log_ratio_max: Option<f32>,
     /// Token- or sequence-level aggregation.
     pub aggregation: LossAggregation,
     /// Give samples that hit the length limit zero loss weight (overlong masking).
@@ -56,7 +88,10 @@ impl Default for GrpoConfig {
             clip_eps_low: 0.2,
             clip_eps_high: 0.28,
             tis_cap: None,
+            dual_clip: None,
             kl_coef: 0.0,
+            kl_estimator: KlEstimator::K3,
+            kl_log_ratio_max: None,
             aggregation: LossAggregation::Token,
             mask_truncated: true,
         }
@@ -98,6 +133,16 @@ impl GrpoConfig {
                 return bad(format!("tis_cap {cap} must be > 0"));
             }
         }
+        if let Some(c) = self.dual_clip {
+            if !(c > 1.0 && c.is_finite()) {
+                return bad(format!("dual_clip {c} must be > 1"));
+            }
+        }
+        if let Some(delta) = self.kl_log_ratio_max {
+            if !(delta > 0.0 && delta.is_finite()) {
+                return bad(format!("kl_log_ratio_max {delta} must be > 0"));
+            }
+        }
         Ok(())
     }
 }
@@ -111,10 +156,21 @@ pub struct GrpoStats {
     pub tokens: f64,
     /// Trained tokens whose clipped branch was taken (the gradient through the ratio is zero).
     pub clipped_tokens: f64,
+    /// Trained tokens with a negative advantage whose surrogate the dual clip bounded.
+    pub dual_clipped_tokens: f64,
     /// Sum over trained tokens of `exp(lp − b)`.
     pub ratio_sum: f64,
-    /// Sum over trained tokens of the k3 KL estimate (0 without a reference).
+    /// Largest `exp(lp − b)` of a trained token.
+    pub ratio_max: f64,
+    /// Sum over trained tokens of the KL estimate the loss uses (0 without a reference).
     pub kl_sum: f64,
+    /// Largest per-token KL estimate the loss uses.
+    pub kl_max: f64,
+    /// Trained tokens whose `r − lp` exceeded `kl_log_ratio_max` (linear part of the estimate).
+    pub kl_bounded_tokens: f64,
+    /// Largest `r − lp` of a trained token: how far below the reference the policy has pushed
+    /// a sampled token, in nats (0 without a reference).
+    pub ref_log_ratio_max: f64,
 }
 
 impl GrpoStats {
@@ -123,8 +179,13 @@ impl GrpoStats {
         self.loss += other.loss;
         self.tokens += other.tokens;
         self.clipped_tokens += other.clipped_tokens;
+        self.dual_clipped_tokens += other.dual_clipped_tokens;
         self.ratio_sum += other.ratio_sum;
+        self.ratio_max = self.ratio_max.max(other.ratio_max);
         self.kl_sum += other.kl_sum;
+        self.kl_max = self.kl_max.max(other.kl_max);
+        self.kl_bounded_tokens += other.kl_bounded_tokens;
+        self.ref_log_ratio_max = self.ref_log_ratio_max.max(other.ref_log_ratio_max);
     }
 }
 
@@ -139,6 +200,18 @@ pub struct GrpoLoss {
 
 fn scalar(t: &Tensor) -> Result<f64> {
     Ok(t.to_dtype(DType::F64)?.to_scalar::<f64>()?)
+}
+
+/// `k3(Δ) = exp(Δ) − Δ − 1` elementwise, continued linearly past `Δ = δ` when a bound is given:
+/// `k3(δ) + (e^δ − 1)(Δ − δ)`, so its slope (the gradient's scale) never exceeds `e^δ − 1`.
+fn k3(log_ratio: &Tensor, bound: Option<f32>) -> Result<Tensor> {
+    let Some(delta) = bound else {
+        return Ok(((log_ratio.exp()? - log_ratio)? - 1.0)?);
+    };
+    let inside = log_ratio.clamp(f32::MIN, delta)?;
+    let curve = ((inside.exp()? - &inside)? - 1.0)?;
+    let slope = f64::from(delta).exp() - 1.0;
+    Ok((curve + ((log_ratio - &inside)? * slope)?)?)
 }
 
 /// The GRPO loss of one micro-batch.
@@ -175,24 +248,59 @@ pub fn grpo_loss(
         ),
     };
 
-    // 2. Clipped surrogate: −min(ratio·A, clip(ratio)·A).
+    // 2. Clipped surrogate: −min(ratio·A, clip(ratio)·A), and for A < 0 at most −c·A.
     let clipped = ratio.clamp(1.0 - cfg.clip_eps_low, 1.0 + cfg.clip_eps_high)?;
     let unclipped_term = ratio.broadcast_mul(&advantages)?;
     let clipped_term = clipped.broadcast_mul(&advantages)?;
     let mut per_token = unclipped_term.minimum(&clipped_term)?.neg()?;
+    let mut dual_clipped_tokens = 0.0;
+    if let Some(c) = cfg.dual_clip {
+        // The bound per row: −c·A where A < 0, none (f32::MAX) otherwise.
+        let bound: Vec<f32> = batch
+            .advantages
+            .to_vec1::<f32>()?
+            .into_iter()
+            .map(|a| if a < 0.0 { -c * a } else { f32::MAX })
+            .collect();
+        let bound = Tensor::from_vec(bound, (mask.dim(0)?, 1), mask.device())?;
+        let over = per_token
+            .detach()
+            .broadcast_gt(&bound)?
+            .to_dtype(DType::F32)?;
+        dual_clipped_tokens = scalar(&(over * mask)?.sum_all()?)?;
+        // The gradient flows to the constant bound where it is taken: none reaches lp.
+        per_token = per_token.broadcast_minimum(&bound)?;
+    }
     if let Some(w) = &tis_weight {
         per_token = (per_token * w)?;
     }
 
-    // 3. k3 KL to the reference.
-    let mut kl_sum = 0.0;
+    // 3. KL to the reference. Log-ratios are zeroed off the trained tokens, where log-probs are
+    // arbitrary, so that exp cannot overflow there (inf · 0 would be NaN).
+    let (mut kl_sum, mut kl_max, mut kl_bounded_tokens, mut ref_log_ratio_max) =
+        (0.0, 0.0, 0.0, 0.0);
     if cfg.kl_coef > 0.0 {
         let reference = ref_logprobs.ok_or_else(|| {
             LearnerError::InvalidBatch("kl_coef > 0 but no reference log-probs".into())
         })?;
-        let delta = (reference.to_dtype(DType::F32)? - &logprobs)?;
-        let kl = ((delta.exp()? - &delta)? - 1.0)?;
-        kl_sum = scalar(&(kl.detach() * mask)?.sum_all()?)?;
+        let log_ratio = ((reference.to_dtype(DType::F32)? - &logprobs)? * mask)?;
+        let mut kl = k3(&log_ratio, cfg.kl_log_ratio_max)?;
+        if cfg.kl_estimator == KlEstimator::K3Importance {
+            let log_w = ((&detached - behaviour)? * mask)?;
+            let log_w = match cfg.kl_log_ratio_max {
+                Some(delta) => log_w.clamp(f32::MIN, delta)?,
+                None => log_w,
+            };
+            kl = kl.broadcast_mul(&log_w.exp()?)?;
+        }
+        let kl_detached = (kl.detach() * mask)?;
+        kl_sum = scalar(&kl_detached.sum_all()?)?;
+        kl_max = scalar(&kl_detached.max_all()?)?;
+        ref_log_ratio_max = scalar(&log_ratio.detach().max_all()?)?;
+        if let Some(delta) = cfg.kl_log_ratio_max {
+            let beyond = log_ratio.detach().gt(delta as f64)?.to_dtype(DType::F32)?;
+            kl_bounded_tokens = scalar(&(beyond * mask)?.sum_all()?)?;
+        }
         per_token = (per_token + (kl * cfg.kl_coef as f64)?)?;
     }
 
@@ -211,12 +319,18 @@ pub fn grpo_loss(
         .detach()
         .gt(&clipped_term.detach())?
         .to_dtype(DType::F32)?;
+    let trained_ratio = (behaviour_ratio * mask)?;
     let stats = GrpoStats {
         loss: scalar(&loss)?,
         tokens: scalar(&mask.sum_all()?)?,
         clipped_tokens: scalar(&(was_clipped * mask)?.sum_all()?)?,
-        ratio_sum: scalar(&(behaviour_ratio * mask)?.sum_all()?)?,
+        dual_clipped_tokens,
+        ratio_sum: scalar(&trained_ratio.sum_all()?)?,
+        ratio_max: scalar(&trained_ratio.max_all()?)?,
         kl_sum,
+        kl_max,
+        kl_bounded_tokens,
+        ref_log_ratio_max,
     };
     Ok(GrpoLoss { loss, stats })
 }
@@ -301,6 +415,133 @@ mod tests {
         assert!(grpo_loss(&lp, &mb, None, &cfg, LossNormaliser::Tokens(1.0)).is_err());
     }
 
+    /// Loss and d loss / d lp of the trained token for a KL-only objective (A = 0).
+    fn kl_only(cfg: &GrpoConfig, lp: f32, behaviour: f32, reference: f32) -> (GrpoStats, f32) {
+        let d = Device::Cpu;
+        let var = candle_core::Var::new(&[[0f32, lp]], &d).unwrap();
+        let reference = Tensor::new(&[[0f32, reference]], &d).unwrap();
+        let out = grpo_loss(
+            var.as_tensor(),
+            &micro(0.0, behaviour),
+            Some(&reference),
+            cfg,
+            LossNormaliser::Tokens(1.0),
+        )
+        .unwrap();
+        let g = out.loss.backward().unwrap();
+        let grad = g.get(&var).unwrap().to_vec2::<f32>().unwrap()[0][1];
+        (out.stats, grad)
+    }
+
+    #[test]
+    fn importance_weighted_k3_is_k3_on_policy_and_bounded_off_policy() {
+        let k3 = GrpoConfig {
+            kl_coef: 1.0,
+            ..GrpoConfig::default()
+        };
+        let weighted = GrpoConfig {
+            kl_estimator: KlEstimator::K3Importance,
+            ..k3.clone()
+        };
+        // On-policy (lp = b): the same value and gradient.
+        let (a, ga) = kl_only(&k3, -1.0, -1.0, -0.5);
+        let (b, gb) = kl_only(&weighted, -1.0, -1.0, -0.5);
+        assert!((a.loss - b.loss).abs() < 1e-7 && (ga - gb).abs() < 1e-7);
+        assert!((a.loss - (0.5f64.exp() - 1.5)).abs() < 1e-6, "{a:?}");
+
+        // The second step of a stage: the reference sampled the token (b = r = −0.5) and one
+        // update pushed it to lp = −3. k3 = e^2.5 − 3.5, gradient 1 − e^2.5 = −11.18; weighted by
+        // w = e^−2.5: value w·k3 and gradient w − 1 = −0.918.
+        let (a, ga) = kl_only(&k3, -3.0, -0.5, -0.5);
+        let (b, gb) = kl_only(&weighted, -3.0, -0.5, -0.5);
+        let k3_value = 2.5f64.exp() - 3.5;
+        let w = (-2.5f64).exp();
+        assert!((a.loss - k3_value).abs() < 1e-5, "{a:?}");
+        assert!((ga as f64 - (1.0 - 2.5f64.exp())).abs() < 1e-5, "{ga}");
+        assert!((b.loss - w * k3_value).abs() < 1e-6, "{b:?}");
+        assert!((gb as f64 - (w - 1.0)).abs() < 1e-6, "{gb}");
+        assert!((b.kl_max - w * k3_value).abs() < 1e-6 && (b.ref_log_ratio_max - 2.5).abs() < 1e-6);
+    }
+
+    #[test]
+    fn bounded_k3_is_linear_past_the_bound() {
+        let cfg = GrpoConfig {
+            kl_coef: 1.0,
+            kl_log_ratio_max: Some(1.0),
+            ..GrpoConfig::default()
+        };
+        let e = 1f64.exp();
+        // Δ = 2.5 > δ = 1: k3(1) + (e − 1)(2.5 − 1), slope e − 1.
+        let (s, g) = kl_only(&cfg, -3.0, -3.0, -0.5);
+        assert!(
+            (s.loss - ((e - 2.0) + (e - 1.0) * 1.5)).abs() < 1e-5,
+            "{s:?}"
+        );
+        assert!((g as f64 + (e - 1.0)).abs() < 1e-5, "{g}");
+        assert_eq!(s.kl_bounded_tokens, 1.0);
+        // Inside the bound it is k3.
+        let (s, g) = kl_only(&cfg, -1.0, -1.0, -0.5);
+        assert!((s.loss - (0.5f64.exp() - 1.5)).abs() < 1e-6);
+        assert!((g as f64 - (1.0 - 0.5f64.exp())).abs() < 1e-6);
+        assert_eq!(s.kl_bounded_tokens, 0.0);
+        // The importance weight is capped at e^δ: lp − b = 2 → w = e.
+        let weighted = GrpoConfig {
+            kl_estimator: KlEstimator::K3Importance,
+            ..cfg
+        };
+        let (s, g) = kl_only(&weighted, -1.0, -3.0, -1.5);
+        let k3 = (-0.5f64).exp() + 0.5 - 1.0;
+        assert!((s.loss - e * k3).abs() < 1e-5, "{s:?}");
+        assert!((g as f64 - e * (1.0 - (-0.5f64).exp())).abs() < 1e-5, "{g}");
+        assert!((s.ratio_max - 2f64.exp()).abs() < 1e-5);
+    }
+
+    #[test]
+    fn dual_clip_bounds_negative_advantages() {
+        let cfg = GrpoConfig {
+            dual_clip: Some(3.0),
+            ..GrpoConfig::default()
+        };
+        let lp = candle_core::Var::new(&[[0f32, -1.0]], &Device::Cpu).unwrap();
+        // ratio = e^1.5 ≈ 4.48 > 3 with A = −1: loss 3·|A|, no gradient.
+        let out = grpo_loss(
+            lp.as_tensor(),
+            &micro(-1.0, -2.5),
+            None,
+            &cfg,
+            LossNormaliser::Tokens(1.0),
+        )
+        .unwrap();
+        assert!((out.stats.loss - 3.0).abs() < 1e-6, "{:?}", out.stats);
+        assert_eq!(out.stats.dual_clipped_tokens, 1.0);
+        let g = out.loss.backward().unwrap();
+        assert_eq!(g.get(&lp).unwrap().to_vec2::<f32>().unwrap()[0][1], 0.0);
+        // Below c it is plain PPO: ratio e^0.5, loss ratio·|A|, gradient ratio.
+        let out = grpo_loss(
+            lp.as_tensor(),
+            &micro(-1.0, -1.5),
+            None,
+            &cfg,
+            LossNormaliser::Tokens(1.0),
+        )
+        .unwrap();
+        assert!((out.stats.loss - 0.5f64.exp()).abs() < 1e-6);
+        assert_eq!(out.stats.dual_clipped_tokens, 0.0);
+        let g = out.loss.backward().unwrap();
+        let grad = g.get(&lp).unwrap().to_vec2::<f32>().unwrap()[0][1];
+        assert!((grad - 0.5f32.exp()).abs() < 1e-6);
+        // A > 0 is untouched (clipped at 1 + ε_high as before).
+        let out = grpo_loss(
+            lp.as_tensor(),
+            &micro(1.0, -2.5),
+            None,
+            &cfg,
+            LossNormaliser::Tokens(1.0),
+        )
+        .unwrap();
+        assert!((out.stats.loss + 1.28).abs() < 1e-6);
+    }
+
     #[test]
     fn validate_rejects_bad_ranges() {
         assert!(GrpoConfig::default().validate().is_ok());
@@ -311,6 +552,16 @@ mod tests {
         assert!(bad.validate().is_err());
         let bad = GrpoConfig {
             tis_cap: Some(0.0),
+            ..GrpoConfig::default()
+        };
+        assert!(bad.validate().is_err());
+        let bad = GrpoConfig {
+            dual_clip: Some(1.0),
+            ..GrpoConfig::default()
+        };
+        assert!(bad.validate().is_err());
+        let bad = GrpoConfig {
+            kl_log_ratio_max: Some(0.0),
             ..GrpoConfig::default()
         };
         assert!(bad.validate().is_err());

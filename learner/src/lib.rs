@@ -29,7 +29,7 @@ pub mod train_step;
 pub use batch::{BatchConfig, GrpoBatch, LossNormaliser, MicroBatch};
 pub use error::{LearnerError, Result};
 pub use filter::{DropReason, FilterConfig, FilterMetrics, GroupFilter};
-pub use grpo::{GrpoConfig, GrpoStats, LossAggregation};
+pub use grpo::{GrpoConfig, GrpoStats, KlEstimator, LossAggregation};
 pub use optim::{AdamW, AdamWConfig, StepOutcome};
 pub use policy::PolicyModel;
 pub use schedule::{LrSchedule, ScheduleKind};

@@ -139,6 +139,14 @@ impl<S: RolloutSource> Learner<'_, S> {
                 dropped: Some(dropped),
                 queue_depth: Some(self.queue.len() as u64),
                 clip_fraction: Some(stats.clipped_tokens / stats.tokens.max(1.0)),
+                // Issue 19: what bounds the objective did on this batch.
+                ratio_mean: Some(stats.ratio_sum / stats.tokens.max(1.0)),
+                ratio_max: Some(stats.ratio_max),
+                dual_clip_fraction: Some(stats.dual_clipped_tokens / stats.tokens.max(1.0)),
+                kl_mean: Some(stats.kl_sum / stats.tokens.max(1.0)),
+                kl_max: Some(stats.kl_max),
+                kl_bounded_fraction: Some(stats.kl_bounded_tokens / stats.tokens.max(1.0)),
+                ref_log_ratio_max: Some(stats.ref_log_ratio_max),
                 no_signal: Some(step.no_signal),
                 skipped: Some(!applied),
             });

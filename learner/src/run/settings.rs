@@ -1,10 +1,11 @@
 //! A stage of the run config translated into the learner's own settings: GRPO objective,
 //! learning-rate schedule, optimizer, admission.
 
+use cascade_shared::config::KlEstimator as KlChoice;
 use cascade_shared::config::{LossAgg, RunConfig, Schedule, StageConfig};
 
 use crate::filter::FilterConfig;
-use crate::grpo::{GrpoConfig, LossAggregation};
+use crate::grpo::{GrpoConfig, KlEstimator, LossAggregation};
 use crate::optim::AdamWConfig;
 use crate::schedule::{LrSchedule, ScheduleKind};
 
@@ -21,7 +22,14 @@ pub(super) fn grpo_config(stage: &StageConfig) -> GrpoConfig {
         clip_eps_low: stage.eps_low as f32,
         clip_eps_high: stage.eps_high as f32,
         tis_cap: stage.tis_cap.map(|c| c as f32),
+        // Issue 19: dual clip, KL estimator and its bound; 0 in the config = off.
+        dual_clip: (stage.dual_clip > 0.0).then_some(stage.dual_clip as f32),
         kl_coef: stage.kl_coef as f32,
+        kl_estimator: match stage.kl_estimator {
+            KlChoice::K3 => KlEstimator::K3,
+            KlChoice::K3Is => KlEstimator::K3Importance,
+        },
+        kl_log_ratio_max: (stage.kl_log_ratio_max > 0.0).then_some(stage.kl_log_ratio_max as f32),
         aggregation: match stage.loss_agg {
             LossAgg::Token => LossAggregation::Token,
             LossAgg::Sequence => LossAggregation::Sequence,

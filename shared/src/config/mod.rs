@@ -25,7 +25,9 @@ pub use knobs::{ActorArgs, ActorConfig, LearnerArgs, LearnerConfig, ReplayArgs, 
 pub use model::{DtypeChoice, InitConfig, ModelConfig};
 pub use outcomes::OutcomeConfig;
 pub use overrides::Override;
-pub use stage::{IfStrictness, LossAgg, MaxResponseTokens, Schedule, StageConfig, VerifierConfig};
+pub use stage::{
+    IfStrictness, KlEstimator, LossAgg, MaxResponseTokens, Schedule, StageConfig, VerifierConfig,
+};
 
 use error::invalid;
 

@@ -2,7 +2,10 @@
 //!
 //! Defaults follow RECIPE.md: AdamW betas (0.9, 0.95), cosine schedule, temperature 1.0,
 //! top-p 1.0, G = 8, token-level loss aggregation, no KL, clip ε 0.2, std-normalised GRPO
-//! advantages.
+//! advantages. Two guards that RECIPE.md does not name are on by default because they change
+//! nothing in its strictly on-policy mode (every ratio is 1 there) and bound what one
+//! off-policy batch can do: a dual clip at 3 and, for stages that add a KL term, an
+//! importance-weighted k3 estimate with a bounded log-ratio (issue 19).
 
 use std::path::PathBuf;
 
@@ -31,6 +34,19 @@ pub enum LossAgg {
     Token,
     /// Mean over each sequence's tokens, then over sequences (used for RLHF stability).
     Sequence,
+}
+
+/// How the per-token KL to the stage's start policy is estimated (stages with `kl_coef > 0`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KlEstimator {
+    /// TRL's k3, `exp(r − lp) − (r − lp) − 1`, on the batch's tokens as they are: exponential
+    /// in how far the policy has moved below the reference on a token an older policy sampled.
+    K3,
+    /// k3 weighted by the stop-gradient importance ratio π_θ/π_behaviour (DeepSeek-V3.2): the
+    /// same as `k3` on-policy, and an unbiased estimate of the policy's KL off-policy.
+    #[default]
+    K3Is,
 }
 
 /// Strict or loose IFEval checking.
@@ -180,6 +196,20 @@ pub struct StageConfig {
     /// KL penalty coefficient against the stage's starting policy (0 = none).
     #[serde(default)]
     pub kl_coef: f64,
+    /// KL estimator: `k3_is` (k3 weighted by π_θ/π_behaviour) or `k3` (TRL, unweighted).
+    #[serde(default)]
+    pub kl_estimator: KlEstimator,
+    /// Bound δ on the log-ratio `log π_ref − log π_θ` inside the KL estimate: past it the
+    /// estimate grows linearly (slope e^δ − 1) instead of exponentially, and the `k3_is`
+    /// weight is at most e^δ, so no token's KL gradient exceeds `kl_coef·e^δ·(e^δ − 1)`.
+    /// 0 = unbounded.
+    #[serde(default = "default_kl_log_ratio_max")]
+    pub kl_log_ratio_max: f64,
+    /// Dual clip c (> 1): for a negative advantage, a token's surrogate loss is at most
+    /// c·|A| however large π_θ/π_behaviour is (no effect on-policy, where the ratio is 1).
+    /// 0 = off (plain PPO clipping).
+    #[serde(default = "default_dual_clip")]
+    pub dual_clip: f64,
     /// Loss aggregation.
     #[serde(default)]
     pub loss_agg: LossAgg,
@@ -232,6 +262,12 @@ fn default_top_p() -> f32 {
 }
 fn default_eps() -> f64 {
     0.2
+}
+fn default_kl_log_ratio_max() -> f64 {
+    2.0
+}
+fn default_dual_clip() -> f64 {
+    3.0
 }
 fn default_true() -> bool {
     true
@@ -340,6 +376,18 @@ impl StageConfig {
         }
         if !non_negative(self.kl_coef) {
             return Err(invalid(key("kl_coef"), "must be ≥ 0"));
+        }
+        if !(non_negative(self.kl_log_ratio_max) && self.kl_log_ratio_max.is_finite()) {
+            return Err(invalid(
+                key("kl_log_ratio_max"),
+                format!("must be ≥ 0 (0 = unbounded), got {}", self.kl_log_ratio_max),
+            ));
+        }
+        if !(self.dual_clip == 0.0 || (self.dual_clip > 1.0 && self.dual_clip.is_finite())) {
+            return Err(invalid(
+                key("dual_clip"),
+                format!("must be > 1 (or 0 = off), got {}", self.dual_clip),
+            ));
         }
         if !(self.eps_low >= 0.0 && self.eps_low < 1.0) {
             return Err(invalid(key("eps_low"), "must be in [0, 1)"));

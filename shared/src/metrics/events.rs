@@ -239,6 +239,20 @@ pub struct LearnerStep {
     pub queue_depth: Option<u64>,
     /// Fraction of response tokens whose ratio was clipped.
     pub clip_fraction: Option<f64>,
+    /// Mean π_θ/π_behaviour over the trained tokens.
+    pub ratio_mean: Option<f64>,
+    /// Largest π_θ/π_behaviour of a trained token.
+    pub ratio_max: Option<f64>,
+    /// Trained tokens whose negative-advantage loss the dual clip bounded.
+    pub dual_clip_fraction: Option<f64>,
+    /// Mean per-token KL estimate the loss used (0 without a KL term).
+    pub kl_mean: Option<f64>,
+    /// Largest per-token KL estimate.
+    pub kl_max: Option<f64>,
+    /// Trained tokens past `kl_log_ratio_max` (the linear part of the estimate).
+    pub kl_bounded_fraction: Option<f64>,
+    /// Largest log π_ref − log π_θ of a trained token, in nats.
+    pub ref_log_ratio_max: Option<f64>,
     /// Every kept group had equal rewards: the step applied no update.
     pub no_signal: Option<bool>,
     /// The optimizer skipped the update (non-finite gradients).
