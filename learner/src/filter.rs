@@ -225,14 +225,14 @@ pub fn check_input(
     Ok(())
 }
 
-/// A hash of what a group contains (prompt, responses, versions): equal for a group an actor
-/// regenerated after a restart.
+/// A hash of what a group contains (prompt, responses, versions, rewards): equal for a group an
+/// actor regenerated after a restart.
 pub fn content_hash(g: &RolloutGroup) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     (g.stage_index, g.prompt_id, g.actor_id, &g.prompt_ids).hash(&mut h);
     for s in &g.samples {
-        s.response_ids.hash(&mut h);
+        (&s.response_ids, s.reward.to_bits()).hash(&mut h);
         for v in &s.policy_versions {
             (v.start_token, v.version).hash(&mut h);
         }
