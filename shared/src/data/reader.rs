@@ -373,28 +373,27 @@ impl DataReader {
         &self,
         index: u64,
         fields: &Map<String, Value>,
-    ) -> std::result::Result<Option<Row>, (bool, FieldError)> {
+    ) -> std::result::Result<Row, NotRead> {
         let obj = match &self.schema {
             Schema::Preset(p) => match p.map(fields, &self.options) {
                 Ok(Mapped::Row(o)) => o,
-                Ok(Mapped::Skip(why)) => return Err((true, FieldError::row(why))),
-                Err(e) => return Err((false, e)),
+                Ok(Mapped::Skip(why)) => return Err(NotRead::Skipped(FieldError::row(why))),
+                Err(e) => return Err(NotRead::Rejected(e)),
             },
-            Schema::Mapping(m) => m.apply(fields).map_err(|e| (false, e))?,
+            Schema::Mapping(m) => m.apply(fields)?,
         };
-        let row = match self.kind {
-            Kind::Sft => Row::Sft(record::sft_from_canonical(&obj).map_err(|e| (false, e))?),
-            Kind::Pairs => Row::Pair(record::pair_from_canonical(&obj).map_err(|e| (false, e))?),
+        Ok(match self.kind {
+            Kind::Sft => Row::Sft(record::sft_from_canonical(&obj)?),
+            Kind::Pairs => Row::Pair(record::pair_from_canonical(&obj)?),
             Kind::Rl => {
                 let domain = self.domain.or_else(|| {
                     obj.get("domain")
                         .and_then(Value::as_str)
                         .and_then(StageKind::parse)
                 });
-                Row::Rl(record::rl_from_canonical(obj, index, domain).map_err(|e| (false, e))?)
+                Row::Rl(record::rl_from_canonical(obj, index, domain)?)
             }
-        };
-        Ok(Some(row))
+        })
     }
 
     fn outcome(&self, file: usize, raw: super::index::RawRow) -> ReadRow {
@@ -408,13 +407,26 @@ impl DataReader {
         let outcome = match &raw.fields {
             Err(e) => Outcome::Rejected(err(e.clone())),
             Ok(fields) => match self.map_row(index, fields) {
-                Ok(Some(row)) => Outcome::Accepted(row),
-                Ok(None) => Outcome::Skipped(err(FieldError::row("skipped"))),
-                Err((true, e)) => Outcome::Skipped(err(e)),
-                Err((false, e)) => Outcome::Rejected(err(e)),
+                Ok(row) => Outcome::Accepted(row),
+                Err(NotRead::Skipped(e)) => Outcome::Skipped(err(e)),
+                Err(NotRead::Rejected(e)) => Outcome::Rejected(err(e)),
             },
         };
         ReadRow { index, outcome }
+    }
+}
+
+/// Why a row gave no canonical row.
+enum NotRead {
+    /// Left out on purpose.
+    Skipped(FieldError),
+    /// Unusable.
+    Rejected(FieldError),
+}
+
+impl From<FieldError> for NotRead {
+    fn from(e: FieldError) -> Self {
+        NotRead::Rejected(e)
     }
 }
 

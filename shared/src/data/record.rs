@@ -85,14 +85,23 @@ pub enum Row {
 }
 
 impl Row {
-    /// The canonical JSONL object of the row (what `cascade data convert` writes).
+    /// The canonical JSONL object of the row (what `cascade data convert` writes; an RL row
+    /// with its `id`).
     pub fn to_canonical(&self) -> Value {
         match self {
             Row::Sft(r) => serde_json::json!({
                 "messages": r.messages,
                 "mode": r.mode.as_str(),
             }),
-            Row::Rl(r) => r.reference.clone(),
+            Row::Rl(r) => {
+                // The id goes with the row, so that the written file keeps it and reads back as
+                // our own layout.
+                let mut obj = r.reference.clone();
+                if let Some(o) = obj.as_object_mut() {
+                    o.entry("id").or_insert(Value::from(r.id));
+                }
+                obj
+            }
             Row::Pair(p) => serde_json::json!({
                 "prompt": p.prompt,
                 "chosen": p.chosen,

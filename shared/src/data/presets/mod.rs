@@ -205,11 +205,18 @@ impl Preset {
                 Some(1 + usize::from(p.has("thinking") || p.has("reasoning")))
             }
             Preset::CascadeRl => {
-                if p.has("chosen") {
+                if p.has("chosen")
+                    || !(p.is_str("prompt")
+                        || (p.is_list("messages") && !p.has_assistant("messages")))
+                {
                     return None;
                 }
-                (p.is_str("prompt") || (p.is_list("messages") && !p.has_assistant("messages")))
-                    .then_some(1)
+                // Our reference fields, and an integer `id` (the mark of our own files, which
+                // public layouts with the same fields lack): a canonical IF file must not read
+                // as Nemotron's.
+                let fields = CANONICAL_REFERENCE.iter().filter(|c| p.has(c)).count();
+                let id = usize::from(p.first.get("id").is_some_and(Value::is_u64));
+                Some(1 + fields + 2 * id)
             }
             Preset::CascadePairs => {
                 (p.is_str("prompt") && p.is_str("chosen") && p.is_str("rejected")).then_some(4)
@@ -294,6 +301,17 @@ impl Preset {
     }
 }
 
+/// The reference fields of our RL layout (what `cascade score` takes).
+const CANONICAL_REFERENCE: [&str; 7] = [
+    "answer",
+    "instruction_id_list",
+    "kwargs",
+    "tests",
+    "test_code",
+    "entry_point",
+    "gold_patch",
+];
+
 /// What detection looks at: the top-level columns and the first non-null value of each.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Probe {
@@ -374,6 +392,15 @@ pub fn detect(probe: &Probe, kind: Option<Kind>) -> Result<Preset, String> {
         )),
         [(p, _)] => Ok(*p),
         [(p, a), (_, b), ..] if a > b => Ok(*p),
+        // Our own layout loses a tie with exactly one public layout whose columns are ours too:
+        // that one maps the same fields, plus what its convention adds (null kwargs dropped).
+        [(p, a), (q, b), ..]
+            if a == b
+                && scored.iter().filter(|(_, s)| s == a).count() == 2
+                && (*p == Preset::CascadeRl || *q == Preset::CascadeRl) =>
+        {
+            Ok(if *p == Preset::CascadeRl { *q } else { *p })
+        }
         [(_, top), ..] => {
             let tied: Vec<&str> = scored
                 .iter()
@@ -471,4 +498,39 @@ fn keep(out: &mut Map<String, Value>, row: &Map<String, Value>, cols: &[&str]) {
 fn with_domain(mut out: Map<String, Value>, domain: StageKind) -> Map<String, Value> {
     out.insert("domain".into(), Value::String(domain.as_str().into()));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn detect_row(row: Value) -> Result<Preset, String> {
+        let row = row.as_object().unwrap().clone();
+        let cols: Vec<String> = row.keys().cloned().collect();
+        detect(&Probe::new(&cols, [&row]), None)
+    }
+
+    #[test]
+    fn our_layout_and_the_public_ones_are_told_apart() {
+        let if_row = json!({"prompt": "p", "instruction_id_list": ["a"], "kwargs": [{}]});
+        assert_eq!(detect_row(if_row.clone()), Ok(Preset::NemotronIf));
+        let mut ours = if_row;
+        ours["id"] = json!(3);
+        assert_eq!(detect_row(ours), Ok(Preset::CascadeRl));
+        assert_eq!(
+            detect_row(json!({"id": 0, "prompt": "p", "answer": "1"})),
+            Ok(Preset::CascadeRl)
+        );
+        assert_eq!(
+            detect_row(json!({"problem": "p", "answer": "1"})),
+            Ok(Preset::NemotronMath)
+        );
+        assert_eq!(
+            detect_row(json!({"prompt": "p", "chosen": "a", "rejected": "b"})),
+            Ok(Preset::CascadePairs)
+        );
+        let e = detect_row(json!({"foo": 1})).unwrap_err();
+        assert!(e.contains("[foo]") && e.contains("--schema"), "{e}");
+    }
 }
