@@ -379,7 +379,7 @@ pub fn detect(probe: &Probe, kind: Option<Kind>) -> Result<Preset, String> {
         .filter(|p| kind.is_none_or(|k| p.kind() == k))
         .filter_map(|p| p.score(probe).map(|s| (p, s)))
         .collect();
-    scored.sort_by(|a, b| b.1.cmp(&a.1));
+    scored.sort_by_key(|s| std::cmp::Reverse(s.1));
     let columns = probe.columns.join(", ");
     let kind_note = kind
         .map(|k| format!(" for {} data", k.as_str()))
