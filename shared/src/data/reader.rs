@@ -369,18 +369,14 @@ impl DataReader {
     }
 
     /// Maps one row's columns onto a canonical row.
-    fn map_row(
-        &self,
-        index: u64,
-        fields: &Map<String, Value>,
-    ) -> std::result::Result<Row, NotRead> {
+    fn map_row(&self, index: u64, fields: Map<String, Value>) -> std::result::Result<Row, NotRead> {
         let obj = match &self.schema {
             Schema::Preset(p) => match p.map(fields, &self.options) {
                 Ok(Mapped::Row(o)) => o,
                 Ok(Mapped::Skip(why)) => return Err(NotRead::Skipped(FieldError::row(why))),
                 Err(e) => return Err(NotRead::Rejected(e)),
             },
-            Schema::Mapping(m) => m.apply(fields)?,
+            Schema::Mapping(m) => m.apply(&fields)?,
         };
         Ok(match self.kind {
             Kind::Sft => Row::Sft(record::sft_from_canonical(&obj)?),
@@ -404,8 +400,8 @@ impl DataReader {
             column: e.column,
             reason: e.reason,
         };
-        let outcome = match &raw.fields {
-            Err(e) => Outcome::Rejected(err(e.clone())),
+        let outcome = match raw.fields {
+            Err(e) => Outcome::Rejected(err(e)),
             Ok(fields) => match self.map_row(index, fields) {
                 Ok(row) => Outcome::Accepted(row),
                 Err(NotRead::Skipped(e)) => Outcome::Skipped(err(e)),

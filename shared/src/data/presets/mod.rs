@@ -274,29 +274,27 @@ impl Preset {
     }
 
     /// Maps one row onto our canonical object.
-    pub fn map(self, row: &Map<String, Value>, opts: &MapOptions) -> FieldResult<Mapped> {
+    pub fn map(self, row: Map<String, Value>, opts: &MapOptions) -> FieldResult<Mapped> {
         match self {
-            Preset::CascadeSft | Preset::CascadeRl | Preset::CascadePairs => {
-                Ok(Mapped::Row(row.clone()))
-            }
-            Preset::NemotronSft => chat::nemotron_sft(row),
-            Preset::TrlSft => chat::trl_sft(row),
-            Preset::TrlPairs | Preset::Skywork => chat::trl_pairs(row),
-            Preset::HelpSteer3 => chat::helpsteer3(row),
-            Preset::NemotronRlhf => chat::rlhf_prompt(row),
-            Preset::NemotronIf | Preset::IfEval => math::instruction_following(row),
+            Preset::CascadeSft | Preset::CascadeRl | Preset::CascadePairs => Ok(Mapped::Row(row)),
+            Preset::NemotronSft => chat::nemotron_sft(&row),
+            Preset::TrlSft => chat::trl_sft(&row),
+            Preset::TrlPairs | Preset::Skywork => chat::trl_pairs(&row),
+            Preset::HelpSteer3 => chat::helpsteer3(&row),
+            Preset::NemotronRlhf => chat::rlhf_prompt(&row),
+            Preset::NemotronIf | Preset::IfEval => math::instruction_following(&row),
             Preset::NemotronMath | Preset::Aime | Preset::Math500 | Preset::DeepScaleR => {
-                math::problem_answer(row)
+                math::problem_answer(&row)
             }
-            Preset::Verl => math::verl(row, opts.domain),
-            Preset::DapoMath => math::verl(row, Some(StageKind::Math)),
-            Preset::OpenRlhf => math::openrlhf(row, opts.domain),
-            Preset::LiveCodeBench => code::livecodebench(row, opts),
-            Preset::Apps => code::apps(row),
-            Preset::CodeContests => code::code_contests(row),
-            Preset::NemotronSwe => swe::nemotron_swe(row),
-            Preset::SweBench => swe::swe_bench(row),
-            Preset::SweSmith => swe::swe_smith(row),
+            Preset::Verl => math::verl(&row, opts.domain),
+            Preset::DapoMath => math::verl(&row, Some(StageKind::Math)),
+            Preset::OpenRlhf => math::openrlhf(&row, opts.domain),
+            Preset::LiveCodeBench => code::livecodebench(&row, opts),
+            Preset::Apps => code::apps(&row),
+            Preset::CodeContests => code::code_contests(&row),
+            Preset::NemotronSwe => swe::nemotron_swe(&row),
+            Preset::SweBench => swe::swe_bench(&row),
+            Preset::SweSmith => swe::swe_smith(&row),
         }
     }
 }
@@ -462,15 +460,23 @@ fn put_prompt(out: &mut Map<String, Value>, col: &str, v: &Value) -> FieldResult
             out.insert("prompt".into(), Value::String(s.clone()));
         }
         Value::String(_) => return Err(FieldError::col(col, "empty prompt")),
-        Value::Array(_) => {
-            let msgs = super::record::parse_messages(col, v)?;
-            if msgs.last().map(|m| m.role.as_str()) != Some("user") {
+        Value::Array(list) => {
+            // Already `{role, content}` strings (the usual case): kept as they are.
+            let plain = list.iter().all(|m| {
+                m.get("role").is_some_and(Value::is_string)
+                    && m.get("content").is_some_and(Value::is_string)
+            });
+            let messages = if plain {
+                v.clone()
+            } else {
+                let msgs = super::record::parse_messages(col, v)?;
+                serde_json::to_value(msgs).unwrap_or_default()
+            };
+            let last = messages.as_array().and_then(|l| l.last());
+            if last.and_then(|m| m.get("role")).and_then(Value::as_str) != Some("user") {
                 return Err(FieldError::col(col, "the prompt must end with a user turn"));
             }
-            out.insert(
-                "messages".into(),
-                serde_json::to_value(msgs).unwrap_or_default(),
-            );
+            out.insert("messages".into(), messages);
         }
         other => {
             return Err(FieldError::col(
