@@ -9,6 +9,7 @@
 
 pub mod chat;
 pub mod config;
+pub mod data;
 pub mod device;
 pub mod metrics;
 pub mod model;

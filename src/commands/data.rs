@@ -1,9 +1,15 @@
 //! `cascade data tiny`: writes the seeded synthetic datasets of the embedded tiny default.
+//! `cascade data inspect`: how the trainer would read a dataset file (schema, rows, rejections).
+//! `cascade data convert`: any supported dataset file to our canonical JSONL.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use cascade_datagen::{write_tiny, Domain, TinyManifest, TinySizes};
+use cascade_shared::chat::ChatTemplate;
+use cascade_shared::data::{DataReader, DataSpec, Kind, Outcome, Row, Schema};
+use cascade_shared::{Mode, StageKind};
 use clap::{Args, Subcommand};
 
 /// Size of the tokenizer trained on the tiny data (bytes, 5 added tokens, merges).
@@ -72,6 +78,82 @@ pub enum DataCommand {
     /// Write the tiny default's JSONL files (SFT conversations in both modes, preference pairs,
     /// rlhf / if / math / code / swe prompts and their held-out splits). Idempotent.
     Tiny(TinyArgs),
+    /// Show how the trainer reads a dataset: the detected schema, the row count, the first rows
+    /// as the trainer sees them (rendered prompt, reference fields) and every rejected row with
+    /// its reason. Exit status 1 when no row is usable.
+    Inspect(InspectArgs),
+    /// Write our canonical JSONL from any supported dataset (JSONL or Parquet, any preset or
+    /// mapping), in the input's row order; rejected rows are left out and reported on stderr.
+    Convert(ConvertArgs),
+}
+
+/// Which dataset and how to read it (shared by `inspect` and `convert`).
+#[derive(Args, Debug, Clone)]
+pub struct DatasetArgs {
+    /// A JSONL or Parquet file, a glob of shards (quote it) or a directory of shards.
+    pub file: String,
+    /// A preset name (see `cascade data inspect --help`) or a mapping
+    /// `FIELD=PATH,...` (`prompt=question,answer=reward_model.ground_truth`, `json:` decodes a
+    /// JSON-encoded string column). Detected from the columns when not given. Presets:
+    /// cascade-sft, cascade-rl, cascade-pairs, nemotron-sft, nemotron-rlhf, nemotron-if,
+    /// nemotron-math, nemotron-swe, verl, dapo-math, trl-sft, trl-pairs, openrlhf, aime, math-500,
+    /// deepscaler, ifeval, livecodebench, apps (taco), code-contests, swe-bench (swe-gym),
+    /// swe-smith, helpsteer3, skywork-preference.
+    #[arg(long)]
+    pub schema: Option<String>,
+    /// The kind of rows wanted.
+    #[arg(long, value_enum)]
+    pub kind: Option<Kind>,
+    /// The RL domain (rlhf, if, math, code, swe): rows are checked for the fields its verifier
+    /// needs; veRL / OpenRLHF rows take their domain from it.
+    #[arg(long, value_parser = parse_domain)]
+    pub domain: Option<StageKind>,
+    /// LiveCodeBench: keep problems with `contest_date` on or after this date (YYYY-MM-DD).
+    #[arg(long)]
+    pub since: Option<String>,
+    /// LiveCodeBench: keep problems with `contest_date` before this date (YYYY-MM-DD).
+    #[arg(long)]
+    pub until: Option<String>,
+}
+
+fn parse_domain(s: &str) -> Result<StageKind, String> {
+    StageKind::parse(s)
+        .filter(|k| *k != StageKind::Sft)
+        .ok_or_else(|| format!("{s:?} is not an RL domain (rlhf, if, math, code, swe)"))
+}
+
+impl DatasetArgs {
+    /// The reader's spec.
+    pub fn spec(&self) -> anyhow::Result<DataSpec> {
+        Ok(DataSpec {
+            path: self.file.clone(),
+            schema: self.schema.as_deref().map(Schema::parse).transpose()?,
+            kind: self.kind,
+            domain: self.domain,
+            since: self.since.clone(),
+            until: self.until.clone(),
+        })
+    }
+}
+
+/// Arguments of `cascade data inspect`.
+#[derive(Args, Debug)]
+pub struct InspectArgs {
+    #[command(flatten)]
+    pub data: DatasetArgs,
+    /// How many accepted rows to show.
+    #[arg(long, default_value_t = 3)]
+    pub show: usize,
+}
+
+/// Arguments of `cascade data convert`.
+#[derive(Args, Debug)]
+pub struct ConvertArgs {
+    #[command(flatten)]
+    pub data: DatasetArgs,
+    /// The canonical JSONL to write (written as OUT.tmp, then renamed).
+    #[arg(long)]
+    pub out: PathBuf,
 }
 
 /// Arguments of `cascade data tiny`.
@@ -121,5 +203,173 @@ pub fn run(cmd: DataCommand) -> anyhow::Result<i32> {
             println!("        {}", args.out.join(TINY_TOKENIZER).display());
             Ok(0)
         }
+        DataCommand::Inspect(args) => inspect(&args, &mut std::io::stdout().lock()),
+        DataCommand::Convert(args) => convert(&args),
     }
+}
+
+fn indent(text: &str) -> String {
+    text.lines().map(|l| format!("      {l}\n")).collect()
+}
+
+/// How the trainer sees a row: the rendered conversation and the reference fields.
+fn describe_row(template: &ChatTemplate, row: &Row) -> String {
+    match row {
+        Row::Rl(r) => {
+            let rendered = template
+                .render(&r.messages, true, Mode::Think)
+                .unwrap_or_else(|e| format!("(cannot render: {e})"));
+            let mut reference = r.reference.clone();
+            if let Some(o) = reference.as_object_mut() {
+                o.remove("prompt");
+                o.remove("messages");
+            }
+            format!(
+                "    id {}\n    prompt (rendered, think mode):\n{}    reference: {}\n",
+                r.id,
+                indent(&rendered),
+                serde_json::to_string(&reference).unwrap_or_default()
+            )
+        }
+        Row::Sft(s) => {
+            let rendered = template
+                .render(&s.messages, false, s.mode)
+                .unwrap_or_else(|e| format!("(cannot render: {e})"));
+            format!(
+                "    mode {}\n    conversation (rendered):\n{}",
+                s.mode.as_str(),
+                indent(&rendered)
+            )
+        }
+        Row::Pair(p) => format!(
+            "    prompt:\n{}    chosen:\n{}    rejected:\n{}",
+            indent(&p.prompt),
+            indent(&p.chosen),
+            indent(&p.rejected)
+        ),
+    }
+}
+
+/// Runs `cascade data inspect`, writing the report to `out`.
+pub fn inspect(args: &InspectArgs, out: &mut dyn Write) -> anyhow::Result<i32> {
+    let spec = args.data.spec()?;
+    let reader = DataReader::open(&spec)?;
+    for f in reader.files() {
+        let extra = match f {
+            cascade_shared::data::RawFile::Parquet(p) => format!(", {} row groups", p.row_groups()),
+            cascade_shared::data::RawFile::Jsonl(_) => String::new(),
+        };
+        writeln!(
+            out,
+            "file: {} ({:?}, {} rows{extra})",
+            f.path().display(),
+            f.format(),
+            f.rows()
+        )?;
+    }
+    writeln!(
+        out,
+        "schema: {} ({})",
+        reader.schema().describe(),
+        if spec.schema.is_some() {
+            "given"
+        } else {
+            "detected"
+        }
+    )?;
+    writeln!(out, "columns: {}", reader.files()[0].columns().join(", "))?;
+    let domain = reader.domain().map(|d| d.as_str()).unwrap_or("per row");
+    match reader.kind() {
+        Kind::Rl => writeln!(out, "kind: rl (domain: {domain})")?,
+        k => writeln!(out, "kind: {}", k.as_str())?,
+    }
+    writeln!(out, "rows: {}", reader.len())?;
+    let template = ChatTemplate::chatml();
+    let (mut accepted, mut rejected, mut skipped) = (0u64, Vec::new(), Vec::new());
+    let mut shown = String::new();
+    for r in reader.rows_from(0)? {
+        let r = r?;
+        match r.outcome {
+            Outcome::Accepted(row) => {
+                if (accepted as usize) < args.show {
+                    shown.push_str(&format!(
+                        "  row {}:\n{}",
+                        r.index,
+                        describe_row(&template, &row)
+                    ));
+                }
+                accepted += 1;
+            }
+            Outcome::Rejected(e) => rejected.push(e),
+            Outcome::Skipped(e) => skipped.push(e),
+        }
+    }
+    writeln!(
+        out,
+        "accepted: {accepted}, rejected: {}, skipped: {}",
+        rejected.len(),
+        skipped.len()
+    )?;
+    if !shown.is_empty() {
+        writeln!(out, "first rows as the trainer sees them:")?;
+        out.write_all(shown.as_bytes())?;
+    }
+    if !rejected.is_empty() {
+        writeln!(out, "rejected rows:")?;
+        for e in &rejected {
+            writeln!(out, "  {e}")?;
+        }
+    }
+    if !skipped.is_empty() {
+        writeln!(out, "skipped rows:")?;
+        for e in &skipped {
+            writeln!(out, "  {e}")?;
+        }
+    }
+    Ok(if accepted == 0 { 1 } else { 0 })
+}
+
+/// Runs `cascade data convert`.
+pub fn convert(args: &ConvertArgs) -> anyhow::Result<i32> {
+    let reader = DataReader::open(&args.data.spec()?)?;
+    let tmp = args.out.with_extension("jsonl.tmp");
+    let file =
+        std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let mut w = std::io::BufWriter::new(file);
+    let (mut accepted, mut rejected, mut skipped) = (0u64, 0u64, 0u64);
+    for r in reader.rows_from(0)? {
+        match r?.outcome {
+            Outcome::Accepted(row) => {
+                serde_json::to_writer(&mut w, &row.to_canonical())?;
+                w.write_all(b"\n")?;
+                accepted += 1;
+            }
+            Outcome::Rejected(e) => {
+                eprintln!("rejected: {e}");
+                rejected += 1;
+            }
+            Outcome::Skipped(e) => {
+                eprintln!("skipped: {e}");
+                skipped += 1;
+            }
+        }
+    }
+    let file = w.into_inner().map_err(|e| e.into_error())?;
+    file.sync_all()?;
+    drop(file);
+    if accepted == 0 {
+        std::fs::remove_file(&tmp).ok();
+        anyhow::bail!(
+            "{}: no row accepted ({rejected} rejected, {skipped} skipped); nothing written",
+            args.data.file
+        );
+    }
+    std::fs::rename(&tmp, &args.out)
+        .with_context(|| format!("renaming {} to {}", tmp.display(), args.out.display()))?;
+    eprintln!(
+        "{}: {accepted} rows written ({} schema), {rejected} rejected, {skipped} skipped",
+        args.out.display(),
+        reader.schema().describe()
+    );
+    Ok(0)
 }

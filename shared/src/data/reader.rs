@@ -1,0 +1,475 @@
+//! A dataset: one file, a glob or a directory of shards, with a schema, read as canonical rows.
+//!
+//! Rows are numbered globally in file order (files sorted by name); that number is the row's
+//! default RL `id`, a resume position, and what shards split ([`DataReader::shard_range`]).
+//! Every row comes out as a [`ReadRow`]: accepted, rejected (a [`RowError`] naming file, row and
+//! column), or skipped on purpose (a HelpSteer3 tie, a LiveCodeBench problem outside the asked
+//! dates).
+
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value};
+
+use super::error::{DataError, Result, RowError};
+use super::index::{FileFormat, RawFile, RawRows};
+use super::presets::{detect, MapOptions, Mapped, Preset, Probe};
+use super::record::{self, FieldError, Row};
+use super::schema::Schema;
+use crate::StageKind;
+
+/// The kind of rows a dataset holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum)]
+pub enum Kind {
+    /// SFT conversations.
+    Sft,
+    /// RL prompts (with the reference fields of their domain).
+    Rl,
+    /// Preference pairs.
+    Pairs,
+}
+
+impl Kind {
+    /// `sft`, `rl` or `pairs`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Sft => "sft",
+            Kind::Rl => "rl",
+            Kind::Pairs => "pairs",
+        }
+    }
+}
+
+/// What to read and how.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DataSpec {
+    /// A file, a glob (`data/train-*.parquet`) or a directory (its `.jsonl` / `.parquet` files).
+    pub path: String,
+    /// The schema; detected from the columns when `None`.
+    pub schema: Option<Schema>,
+    /// The kind of rows wanted (narrows detection; checked against the schema).
+    pub kind: Option<Kind>,
+    /// The RL domain (a stage's kind): rows are checked for the fields its verifier needs.
+    pub domain: Option<StageKind>,
+    /// LiveCodeBench: keep problems with `contest_date` ≥ this.
+    pub since: Option<String>,
+    /// LiveCodeBench: keep problems with `contest_date` < this.
+    pub until: Option<String>,
+}
+
+/// What became of one row.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// A canonical row.
+    Accepted(Row),
+    /// Rejected, with where and why.
+    Rejected(RowError),
+    /// Left out on purpose, with why.
+    Skipped(RowError),
+}
+
+/// One row of a dataset.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReadRow {
+    /// Global 0-based row number.
+    pub index: u64,
+    /// What became of it.
+    pub outcome: Outcome,
+}
+
+/// Counts of a full pass.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReadStats {
+    /// Rows read.
+    pub rows: u64,
+    /// Rows accepted.
+    pub accepted: u64,
+    /// Rows rejected.
+    pub rejected: u64,
+    /// Rows skipped on purpose.
+    pub skipped: u64,
+    /// The first rejections (at most [`FIRST_REASONS`]).
+    pub first_rejections: Vec<RowError>,
+}
+
+/// How many rejections [`ReadStats`] keeps.
+pub const FIRST_REASONS: usize = 10;
+
+/// A dataset ready to be read.
+#[derive(Debug, Clone)]
+pub struct DataReader {
+    pattern: String,
+    files: Vec<RawFile>,
+    /// Global row number of each file's first row, then the total.
+    starts: Vec<u64>,
+    schema: Schema,
+    kind: Kind,
+    domain: Option<StageKind>,
+    options: MapOptions,
+}
+
+/// Rows probed for detection.
+const PROBE_ROWS: usize = 16;
+
+/// The dataset files `path` names: itself, the files of a glob, or the dataset files of a
+/// directory, sorted by name.
+pub fn resolve_files(path: &str) -> Result<Vec<PathBuf>> {
+    let p = Path::new(path);
+    let mut files: Vec<PathBuf> = if p.is_dir() {
+        std::fs::read_dir(p)
+            .map_err(|e| DataError::io(p, e))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|f| f.is_file() && FileFormat::of(f).is_some())
+            .collect()
+    } else if path.contains(['*', '?', '[']) {
+        let paths = glob::glob(path).map_err(|e| DataError::Mapping {
+            spec: path.to_string(),
+            reason: format!("not a valid glob: {e}"),
+        })?;
+        paths
+            .filter_map(|r| r.ok())
+            .filter(|f| f.is_file())
+            .collect()
+    } else {
+        if !p.exists() {
+            return Err(DataError::io(
+                p,
+                std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
+            ));
+        }
+        vec![p.to_path_buf()]
+    };
+    files.sort();
+    if files.is_empty() {
+        return Err(DataError::NoFiles {
+            pattern: path.to_string(),
+        });
+    }
+    Ok(files)
+}
+
+/// The kind a canonical object is, when no preset says: pairs with `chosen`/`rejected`, SFT
+/// with `mode` or an assistant turn, RL otherwise.
+fn infer_kind(obj: &Map<String, Value>) -> Kind {
+    if obj.contains_key("chosen") && obj.contains_key("rejected") {
+        return Kind::Pairs;
+    }
+    let has_assistant = obj
+        .get("messages")
+        .and_then(Value::as_array)
+        .is_some_and(|l| {
+            l.iter()
+                .any(|m| m.get("role").and_then(Value::as_str) == Some("assistant"))
+        });
+    if obj.contains_key("mode") || has_assistant {
+        Kind::Sft
+    } else {
+        Kind::Rl
+    }
+}
+
+impl DataReader {
+    /// Opens every file of `spec.path`, indexes them, and settles the schema (given, or
+    /// detected from the first file's columns and first rows).
+    pub fn open(spec: &DataSpec) -> Result<DataReader> {
+        let paths = resolve_files(&spec.path)?;
+        let mut files = Vec::with_capacity(paths.len());
+        let mut starts = Vec::with_capacity(paths.len() + 1);
+        let mut total = 0u64;
+        for p in &paths {
+            let f = RawFile::open(p)?;
+            starts.push(total);
+            total += f.rows();
+            files.push(f);
+        }
+        starts.push(total);
+        let first = &files[0];
+        let schema_err = |reason: String| DataError::Schema {
+            path: first.path().to_path_buf(),
+            reason,
+        };
+        let probe_rows: Vec<Map<String, Value>> = first
+            .rows_from(0)?
+            .take(PROBE_ROWS)
+            .filter_map(|r| r.ok().and_then(|r| r.fields.ok()))
+            .collect();
+        let (schema, kind) = match &spec.schema {
+            Some(Schema::Preset(p)) => (Schema::Preset(*p), p.kind()),
+            Some(Schema::Mapping(m)) => {
+                let kind = spec.kind.unwrap_or_else(|| {
+                    probe_rows
+                        .first()
+                        .and_then(|r| m.apply(r).ok())
+                        .map(|o| infer_kind(&o))
+                        .unwrap_or(Kind::Rl)
+                });
+                (Schema::Mapping(m.clone()), kind)
+            }
+            None => {
+                let probe = Probe::new(first.columns(), probe_rows.iter());
+                let preset = detect(&probe, spec.kind).map_err(schema_err)?;
+                (Schema::Preset(preset), preset.kind())
+            }
+        };
+        if let Some(k) = spec.kind.filter(|k| *k != kind) {
+            return Err(schema_err(format!(
+                "the schema {} gives {} rows, not {}",
+                schema.describe(),
+                kind.as_str(),
+                k.as_str()
+            )));
+        }
+        let preset_domain = match &schema {
+            Schema::Preset(p) => p.domain(),
+            Schema::Mapping(_) => None,
+        };
+        if let (Some(want), Some(has)) = (spec.domain, preset_domain) {
+            if want != has && want != StageKind::Rlhf {
+                return Err(schema_err(format!(
+                    "the schema {} gives {has} prompts, not {want}",
+                    schema.describe()
+                )));
+            }
+        }
+        if spec.domain.is_some() && kind != Kind::Rl {
+            return Err(schema_err(format!(
+                "--domain applies to RL prompts, and these are {} rows",
+                kind.as_str()
+            )));
+        }
+        Ok(DataReader {
+            pattern: spec.path.clone(),
+            files,
+            starts,
+            schema,
+            kind,
+            domain: spec.domain.or(preset_domain),
+            options: MapOptions {
+                domain: spec.domain,
+                since: spec.since.clone(),
+                until: spec.until.clone(),
+            },
+        })
+    }
+
+    /// The files, in read order.
+    pub fn files(&self) -> &[RawFile] {
+        &self.files
+    }
+
+    /// The schema in use.
+    pub fn schema(&self) -> &Schema {
+        &self.schema
+    }
+
+    /// The kind of rows.
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    /// The RL domain rows are checked against, when known for the whole dataset.
+    pub fn domain(&self) -> Option<StageKind> {
+        self.domain
+    }
+
+    /// Number of rows (before any is rejected).
+    pub fn len(&self) -> u64 {
+        *self.starts.last().unwrap_or(&0)
+    }
+
+    /// Whether the dataset has no row at all.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The rows shard `shard` of `shards` reads: a contiguous range, the shards together
+    /// covering every row once.
+    pub fn shard_range(&self, shard: usize, shards: usize) -> Range<u64> {
+        let n = self.len() as u128;
+        let shards = shards.max(1) as u128;
+        let s = (shard as u128).min(shards);
+        ((n * s / shards) as u64)..((n * (s + 1).min(shards) / shards) as u64)
+    }
+
+    /// Rows from global row `start` on, in order.
+    pub fn rows_from(&self, start: u64) -> Result<Rows<'_>> {
+        self.rows_in(start..self.len())
+    }
+
+    /// The rows of `range` (global row numbers), in order.
+    pub fn rows_in(&self, range: Range<u64>) -> Result<Rows<'_>> {
+        let end = range.end.min(self.len());
+        let start = range.start.min(end);
+        let file = self
+            .starts
+            .partition_point(|&s| s <= start)
+            .saturating_sub(1)
+            .min(self.files.len() - 1);
+        let current = self.files[file].rows_from(start - self.starts[file])?;
+        Ok(Rows {
+            reader: self,
+            file,
+            current: Some(current),
+            next: start,
+            end,
+        })
+    }
+
+    /// Row `index`, or an error when it is out of range or not accepted.
+    pub fn get(&self, index: u64) -> Result<Row> {
+        let mut rows = self.rows_in(index..index + 1)?;
+        match rows.next() {
+            Some(Ok(ReadRow {
+                outcome: Outcome::Accepted(row),
+                ..
+            })) => Ok(row),
+            Some(Ok(ReadRow {
+                outcome: Outcome::Rejected(e) | Outcome::Skipped(e),
+                ..
+            })) => Err(e.into()),
+            Some(Err(e)) => Err(e),
+            None => Err(DataError::Schema {
+                path: PathBuf::from(&self.pattern),
+                reason: format!("row {index} is out of range ({} rows)", self.len()),
+            }),
+        }
+    }
+
+    /// Reads every row once and counts; an error when no row is accepted (with the first
+    /// reasons), so that a run stops at start on a dataset it cannot use.
+    pub fn validate(&self) -> Result<ReadStats> {
+        let mut stats = ReadStats::default();
+        for r in self.rows_from(0)? {
+            let r = r?;
+            stats.rows += 1;
+            match r.outcome {
+                Outcome::Accepted(_) => stats.accepted += 1,
+                Outcome::Skipped(_) => stats.skipped += 1,
+                Outcome::Rejected(e) => {
+                    stats.rejected += 1;
+                    if stats.first_rejections.len() < FIRST_REASONS {
+                        stats.first_rejections.push(e);
+                    }
+                }
+            }
+        }
+        if stats.accepted == 0 {
+            return Err(DataError::AllRejected {
+                pattern: self.pattern.clone(),
+                rejected: stats.rejected + stats.skipped,
+                first: stats
+                    .first_rejections
+                    .iter()
+                    .map(|e| format!("  {e}"))
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            });
+        }
+        Ok(stats)
+    }
+
+    /// Maps one row's columns onto a canonical row.
+    fn map_row(&self, index: u64, fields: Map<String, Value>) -> std::result::Result<Row, NotRead> {
+        let obj = match &self.schema {
+            Schema::Preset(p) => match p.map(fields, &self.options) {
+                Ok(Mapped::Row(o)) => o,
+                Ok(Mapped::Skip(why)) => return Err(NotRead::Skipped(FieldError::row(why))),
+                Err(e) => return Err(NotRead::Rejected(e)),
+            },
+            Schema::Mapping(m) => m.apply(&fields)?,
+        };
+        Ok(match self.kind {
+            Kind::Sft => Row::Sft(record::sft_from_canonical(&obj)?),
+            Kind::Pairs => Row::Pair(record::pair_from_canonical(&obj)?),
+            Kind::Rl => {
+                let domain = self.domain.or_else(|| {
+                    obj.get("domain")
+                        .and_then(Value::as_str)
+                        .and_then(StageKind::parse)
+                });
+                Row::Rl(record::rl_from_canonical(obj, index, domain)?)
+            }
+        })
+    }
+
+    fn outcome(&self, file: usize, raw: super::index::RawRow) -> ReadRow {
+        let index = self.starts[file] + raw.index;
+        let err = |e: FieldError| RowError {
+            path: self.files[file].path().to_path_buf(),
+            row: raw.row_no,
+            column: e.column,
+            reason: e.reason,
+        };
+        let outcome = match raw.fields {
+            Err(e) => Outcome::Rejected(err(e)),
+            Ok(fields) => match self.map_row(index, fields) {
+                Ok(row) => Outcome::Accepted(row),
+                Err(NotRead::Skipped(e)) => Outcome::Skipped(err(e)),
+                Err(NotRead::Rejected(e)) => Outcome::Rejected(err(e)),
+            },
+        };
+        ReadRow { index, outcome }
+    }
+}
+
+/// Why a row gave no canonical row.
+enum NotRead {
+    /// Left out on purpose.
+    Skipped(FieldError),
+    /// Unusable.
+    Rejected(FieldError),
+}
+
+impl From<FieldError> for NotRead {
+    fn from(e: FieldError) -> Self {
+        NotRead::Rejected(e)
+    }
+}
+
+/// Rows of a [`DataReader`], read across its files as they are asked for.
+pub struct Rows<'a> {
+    reader: &'a DataReader,
+    file: usize,
+    current: Option<RawRows>,
+    next: u64,
+    end: u64,
+}
+
+impl Iterator for Rows<'_> {
+    type Item = Result<ReadRow>;
+
+    fn next(&mut self) -> Option<Result<ReadRow>> {
+        while self.next < self.end {
+            let current = self.current.as_mut()?;
+            match current.next() {
+                Some(Ok(raw)) => {
+                    self.next += 1;
+                    return Some(Ok(self.reader.outcome(self.file, raw)));
+                }
+                Some(Err(e)) => {
+                    self.current = None;
+                    return Some(Err(e));
+                }
+                None => {
+                    self.file += 1;
+                    if self.file >= self.reader.files.len() {
+                        return None;
+                    }
+                    match self.reader.files[self.file].rows_from(0) {
+                        Ok(r) => self.current = Some(r),
+                        Err(e) => {
+                            self.current = None;
+                            return Some(Err(e));
+                        }
+                    }
+                }
+            }
+        }
+        None
+    }
+}
+
+/// The preset names, for help texts.
+pub fn preset_names() -> Vec<&'static str> {
+    Preset::ALL.iter().map(|p| p.name()).collect()
+}
