@@ -295,7 +295,11 @@ mod tests {
             !lcb_match("0.333", "0.3333"),
             "no tolerance: exact decimals"
         );
-        assert!(!lcb_match("NaN", "NaN"));
+        assert!(
+            lcb_match("NaN", "NaN"),
+            "equal lines match before any decimal reading"
+        );
+        assert!(!lcb_match("NaN", "nan"), "Decimal NaN equals nothing");
         assert!(!lcb_match("1  2", "1 2 3"));
         assert!(
             !lcb_match("abc 1", "abc 1.0"),
