@@ -7,7 +7,10 @@ covering the answer forms MMATH lacks (fractions, sets, intervals, tuples, radic
 text, percentages). Responses: for each gold, a correct boxed answer, an equivalent rewrite and a
 near-miss; for the hand-written golds, explicit lists of equivalent and wrong responses; and
 PROBES, edge cases (rounding, ratios, equations, inequalities, notation) labelled by math-verify
-alone. Output is deterministic: a fresh venv from scripts/setup-rewards-ref.sh reproduces it
+alone; and FORMS, the answer forms real models write (formatting wrappers and units, percentages,
+decimals against fractions, intervals, lists of solutions joined by "or" / "and" / commas), each
+with equivalent and wrong responses. Every row names its `form` (mmath, hand, probe, or a FORMS
+key) so that agreement can be reported per form. Output is deterministic: a fresh venv from scripts/setup-rewards-ref.sh reproduces it
 byte for byte.
 
 The verdict is `math_verify.verify(parse(gold), parse(response))` with math-verify's default
@@ -98,6 +101,87 @@ PROBES = [
 ]
 
 
+# Answer forms real models write (issue #18): form -> [(gold, equivalent-looking boxed contents,
+# wrong boxed contents)]. The intent (equivalent / wrong) is only the row's `kind`; the label is
+# math-verify's verdict like every other row.
+FORMS = {
+    "wrappers": [
+        ("5", [r"\mathbf{5}", r"\textbf{5}", r"\text{5}", r"\displaystyle 5", r"\displaystyle{5}",
+               r"\boldsymbol{5}", r"\mathrm{5}", r"\mathbf 5"], [r"\mathbf{6}", r"\textbf{-5}", r"\text{50}"]),
+        (r"\frac{3}{4}", [r"\displaystyle \frac{3}{4}", r"\mathbf{\frac{3}{4}}", r"\displaystyle\dfrac{3}{4}",
+                         r"\textbf{3/4}"], [r"\displaystyle\frac{4}{3}", r"\mathbf{\frac{3}{5}}"]),
+        (r"4\sqrt{2}", [r"\mathbf{4\sqrt{2}}", r"\displaystyle 4\sqrt{2}", r"4\sqrt{2}\text{ units}"],
+         [r"\mathbf{2\sqrt{4}}", r"\displaystyle 4\sqrt{3}"]),
+        ("12", [r"12 \text{ cm}", r"12\,\text{cm}^2", r"12 \mathrm{~m}", r"12 \text{ units}",
+                r"12\text{ dollars}", r"12 \mbox{ inches}", r"12 \text{cm}", r"12\ \text{m}"],
+         [r"13 \text{ cm}", r"1.2 \text{ cm}", r"120 \text{ mm}"]),
+        (r"7 \text{ meters}", ["7", r"7 \text{m}", r"\textbf{7}", r"7\,\mathrm{m}"], ["8", r"70 \text{ meters}"]),
+        (r"30^\circ", ["30", r"30^{\circ}", "30°", r"\displaystyle 30^\circ", r"30 \text{ degrees}"],
+         [r"60^\circ", "3", r"300^\circ"]),
+        (r"\text{Yes}", [r"\textbf{Yes}", "Yes", r"\text{yes}", r"\mathrm{Yes}"], [r"\text{No}", r"\textbf{No}"]),
+        (r"\text{(B)}", [r"\textbf{(B)}", r"\mathbf{(B)}", "B", r"\text{B}"], [r"\textbf{(D)}", r"\text{(A)}"]),
+        (r"\$42", ["42", r"\$42.00", r"42 \text{ dollars}", r"\textbf{\$42}"], ["41", r"\$24"]),
+    ],
+    "percent": [
+        (r"25\%", ["25", r"25\%", "0.25", r"\frac{1}{4}", r"25 \%", r"\mathbf{25\%}", r"25\text{\%}"],
+         ["2.5", "0.025", r"2.5\%", r"75\%"]),
+        ("0.4", [r"40\%", r"\frac{2}{5}", r"40 \%"], [r"4\%", "4", r"0.4\%"]),
+        ("12.5", [r"12.5\%", r"\frac{25}{2}\%", "12.50"], [r"1.25\%", "0.125", r"12\%"]),
+        (r"\frac{1}{8}", [r"12.5\%", "0.125"], [r"8\%", r"1.25\%"]),
+        (r"40\%", ["40", r"40 \%", r"\frac{2}{5}"], ["4", r"60\%"]),
+        ("150", [r"150\%", "150.0"], ["1.5", r"15\%"]),
+        (r"33\frac{1}{3}\%", [r"33.\overline{3}\%", r"\frac{100}{3}\%", r"\frac{1}{3}", r"33.33\%"],
+         [r"33\%", r"30\%"]),
+    ],
+    "decimal_fraction": [
+        (r"\frac{3}{8}", ["0.375", "3/8", r"\frac{6}{16}", ".375"], ["0.38", "0.37", r"\frac{8}{3}"]),
+        ("0.125", [r"\frac{1}{8}", "1/8", r"\dfrac{1}{8}"], ["0.12", r"\frac{1}{12}"]),
+        (r"\frac{2}{3}", ["0.6667", "0.667", "0.67", "0.666666", "0.6666667", r"0.\overline{6}"], ["0.6", "0.66"]),
+        (r"-\frac{5}{2}", ["-2.5", r"-2\frac{1}{2}", "-5/2"], ["2.5", "-2.05", r"-\frac{2}{5}"]),
+        ("1.25", [r"\frac{5}{4}", r"1\frac{1}{4}", "5/4"], [r"\frac{4}{5}", "1.2"]),
+        ("0.2", [r"\frac{1}{5}", r"\dfrac{2}{10}", ".2"], [r"\frac{1}{2}", "0.02"]),
+        (r"\frac{7}{3}", ["2.333", "2.3333333", r"2\frac{1}{3}"], ["2.3", r"\frac{3}{7}"]),
+        (r"\frac{1}{6}", ["0.1667", "0.16666667", r"0.1\overline{6}"], ["0.16", "0.17", r"\frac{1}{5}"]),
+        ("3.75", [r"\frac{15}{4}", r"3\frac{3}{4}"], [r"\frac{15}{2}", "3.57"]),
+        (r"\frac{22}{7}", ["3.142857", r"3\frac{1}{7}"], ["3.14", r"\pi"]),
+    ],
+    "interval": [
+        (r"(2, 5]", [r"(2,5]", r"\left(2, 5\right]", r"2 < x \le 5", r"x \in (2, 5]", r"\mathbf{(2, 5]}"],
+         [r"[2, 5]", r"(2, 5)", r"(2, 6]", r"[2, 5)"]),
+        (r"[3, \infty)", [r"x \geq 3", r"[3,+\infty)", r"[3, \infty)", r"x\ge3", r"\left[3, \infty\right)"],
+         [r"(3, \infty)", r"x > 3", r"(-\infty, 3]"]),
+        (r"(-\infty, 0) \cup (1, \infty)", [r"(-\infty,0)\cup(1,+\infty)", r"(1,\infty) \cup (-\infty, 0)",
+                                            r"x<0 \text{ or } x>1", r"(-\infty, 0) \cup (1, +\infty)"],
+         [r"(0, 1)", r"(-\infty, 0] \cup [1, \infty)", r"(-\infty, 1) \cup (0, \infty)"]),
+        (r"[-1, 1]", [r"-1 \le x \le 1", r"[-1,1]", r"\displaystyle [-1, 1]"], [r"(-1, 1)", r"[-1, 2]"]),
+        (r"(-3, 2)", [r"-3 < x < 2", r"(-3,2)", r"\left(-3,2\right)"], [r"(-2, 3)", r"[-3, 2]"]),
+        (r"(-\infty, \frac{1}{2}]", [r"(-\infty, 0.5]", r"x \le \frac{1}{2}", r"(-\infty,\dfrac12]"],
+         [r"(-\infty, \frac{1}{2})", r"[\frac{1}{2}, \infty)"]),
+        (r"[0, 2\pi)", [r"[0,2\pi)", r"0 \le x < 2\pi"], [r"[0, \pi)", r"(0, 2\pi]"]),
+    ],
+    "solution_list": [
+        ("2, 3", [r"2 \text{ or } 3", r"x = 2 \text{ or } x = 3", r"x=2, x=3", r"\{2, 3\}", "3, 2",
+                  r"x = 2 \text{ and } x = 3", r"2 \text{ and } 3", r"2 \quad \text{or} \quad 3",
+                  r"x=2 \text{ or } 3", r"x \in \{2, 3\}", r"2 \textrm{ or } 3"],
+         [r"2 \text{ or } 4", r"x = 2", "2", r"2, 3, 4", r"x = -2 \text{ or } x = -3"]),
+        (r"\{-1, 4\}", [r"x=-1 \text{ or } x=4", "4, -1", r"-1 \text{ and } 4", r"x = -1, 4", r"\{4,-1\}"],
+         [r"-1 \text{ or } -4", r"\{-1\}", r"\{1, 4\}"]),
+        (r"x = 3 \text{ or } x = -3", [r"\pm 3", "3, -3", r"x=\pm 3", r"x = -3 \text{ or } x = 3", r"-3, 3"],
+         ["3", r"x = 3", r"3, 3"]),
+        ("1, 2, 3", [r"1, 2, \text{and } 3", r"1,2 \text{ and } 3", r"3, 1, 2", r"\{1,2,3\}"],
+         [r"1, 2 \text{ or } 4", r"1, 2", r"1, 2, 3, 4"]),
+        (r"\frac{1}{2}, 2", [r"x = \frac12 \text{ or } x = 2", "0.5, 2", r"2, \frac{1}{2}", r"2 \text{ and } 0.5"],
+         ["2", r"\frac{1}{2}, -2"]),
+        (r"(1, 2), (3, 4)", [r"(3,4),(1,2)", r"(1, 2) \text{ and } (3, 4)", r"(1,2) \text{ or } (3,4)"],
+         [r"(1, 2)", r"(2, 1), (4, 3)"]),
+        (r"-2, 5", [r"x_1 = -2, x_2 = 5", r"x = -2, \ x = 5", r"5 \text{ or } -2", r"x=-2 \;\text{or}\; x=5"],
+         [r"2, -5", r"-2 \text{ or } 6"]),
+        (r"1 \pm \sqrt{2}", [r"1+\sqrt{2}, 1-\sqrt{2}", r"1 - \sqrt 2 \text{ or } 1 + \sqrt 2", r"x = 1 \pm \sqrt{2}"],
+         [r"1 + \sqrt{2}", r"-1 \pm \sqrt{2}"]),
+    ],
+}
+
+
 def boxed_response(content, i):
     """A response with reasoning before the boxed answer (varied wording)."""
     leads = [
@@ -129,7 +213,7 @@ def main():
     rows = []
     seen = set()
 
-    def add(source, gold, gold_parse_text, content, kind):
+    def add(source, gold, gold_parse_text, content, kind, form=None):
         response = boxed_response(content, len(rows))
         key = (gold, response)
         if key in seen:
@@ -142,6 +226,7 @@ def main():
             "answer": gold,
             "response": response,
             "kind": kind,
+            "form": form or ("probe" if source == "probe" else "hand" if source == "hand" else "mmath"),
             "math_verify": bool(verify(g, p)),
             "gold_parsed": [str(x) for x in g],
             "response_parsed": [str(x) for x in p],
@@ -168,6 +253,12 @@ def main():
             add("hand", gold, f"${gold}$", c, "wrong")
     for gold, content in PROBES:
         add("probe", gold, f"${gold}$", content, "probe")
+    for form, cases in FORMS.items():
+        for gold, eqs, wrongs in cases:
+            for c in [gold] + eqs:
+                add("form", gold, f"${gold}$", c, "equivalent", form)
+            for c in wrongs:
+                add("form", gold, f"${gold}$", c, "wrong", form)
     with open(args.out, "w") as f:
         f.write(json.dumps({"generator": "scripts/gen-math-fixtures.py",
                             "math_verify": getattr(math_verify, "__version__", "0.9.0"),

@@ -114,3 +114,54 @@ pub fn build_verifier(
         device,
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cascade_shared::chat::split_response;
+    use cascade_shared::data::presets::Mapped;
+    use cascade_shared::data::{MapOptions, Preset};
+
+    /// A LiveCodeBench LeetCode row and an APPS `fn_name` row, mapped by their presets, are
+    /// scored by the code stage's verifier from their call-based fields.
+    #[test]
+    fn code_stage_scores_call_based_rows_as_the_presets_emit_them() {
+        let v = verifier_for(
+            StageKind::Code,
+            &VerifierConfig::default(),
+            None,
+            None,
+            &Device::Cpu,
+        )
+        .expect("sandbox available");
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/rewards/code");
+        let cases = [
+            (
+                "livecodebench_real.jsonl",
+                Preset::LiveCodeBench,
+                "class Solution:\n    def twoSum(self, nums, target):\n        seen = {}\n        for i, x in enumerate(nums):\n            if target - x in seen:\n                return [seen[target - x], i]\n            seen[x] = i\n",
+            ),
+            (
+                "apps_real.jsonl",
+                Preset::Apps,
+                "def even_or_odd(number):\n    return 'Odd' if number % 2 else 'Even'\n",
+            ),
+        ];
+        for (file, preset, solution) in cases {
+            // `Preset::map` directly: the reader's per-domain check (record.rs) still rejects
+            // rows with only call-based tests.
+            let text = std::fs::read_to_string(dir.join(file)).unwrap();
+            let first = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+            let Mapped::Row(obj) = preset.map(first, &MapOptions::default()).unwrap() else {
+                panic!("{file}: skipped");
+            };
+            let reference = serde_json::Value::Object(obj);
+            assert!(reference.get("call_tests").is_some(), "{file}");
+            for (answer, want) in [(solution, 1.0), ("def nothing():\n    pass\n", 0.0)] {
+                let response = format!("```python\n{answer}```");
+                let r = v.verify(&reference, &split_response(&response)).unwrap();
+                assert_eq!(r.reward, want, "{file}: {}", r.details);
+            }
+        }
+    }
+}

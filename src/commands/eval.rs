@@ -81,7 +81,10 @@ pub fn infer_kind(path: &std::path::Path) -> anyhow::Result<StageKind> {
         StageKind::Math
     } else if v.get("instruction_id_list").is_some() {
         StageKind::If
-    } else if v.get("tests").is_some() || v.get("test_code").is_some() {
+    } else if v.get("tests").is_some()
+        || v.get("call_tests").is_some()
+        || v.get("test_code").is_some()
+    {
         StageKind::Code
     } else if v.get("gold_patch").is_some() {
         StageKind::Swe

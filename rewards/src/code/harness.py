@@ -151,13 +151,16 @@ def make_undumpable():
 
 
 def main():
-    with open("test_code.py") as f:
-        test_source = f.read()
+    # The tests are read only after the fork, from a descriptor the worker closes, and the file is
+    # unlinked first: the program can neither open test_code.py nor find its text in memory.
+    test_fd = os.open("test_code.py", os.O_RDONLY | os.O_CLOEXEC)
+    os.unlink("test_code.py")
     make_undumpable()
     req_r, req_w = os.pipe()
     resp_r, resp_w = os.pipe()
     pid = os.fork()
     if pid == 0:
+        os.close(test_fd)
         os.close(RESULT_FD)
         os.close(req_w)
         os.close(resp_r)
@@ -165,6 +168,8 @@ def main():
         os._exit(0)
     os.close(req_r)
     os.close(resp_w)
+    with os.fdopen(test_fd, "r") as f:
+        test_source = f.read()
     channel = Channel(req_w, resp_r)
     hello = recv(resp_r)
     if hello != ("ready",):

@@ -29,12 +29,21 @@ pub enum Answer {
     /// An equation `lhs = rhs` with scalar sides (`x + y = 1`, `y = 2x + 3`). One whose left side
     /// is a lone symbol also equals its right side alone (`x = 5` is `5`).
     Equation(Expr, Expr),
+    /// A percentage `p\%` read as math-verify reads it (`percent_equivalence`): equal to another
+    /// percentage of the same `p`; to an integer `n` when `p` is an integer too and `p = n`
+    /// (`25\% = 25`); otherwise to a value `x` when `p / 100 = x` (`25\% = 0.25 = 1/4`, but
+    /// `12.5\% != 12.5`).
+    Percent(Expr),
+    /// An inequality in one symbol (`x \ge 3`), with the interval of its values. As in
+    /// math-verify, a gold inequality equals a predicted interval, but a predicted inequality
+    /// equals only a gold inequality (the answer must take the gold's form).
+    Inequality(Box<Answer>),
     /// Anything else: the normalised LaTeX with whitespace removed, compared literally.
     Raw(String),
 }
 
-/// Parses an extracted answer. `percent` says what a trailing `\%` means: when true the answer has
-/// two readings (`p` and `p/100`), returned both; otherwise the sign is dropped.
+/// Parses an extracted answer. `percent` says what a trailing `\%` means: when true the answer is
+/// an [`Answer::Percent`]; otherwise the sign is dropped.
 pub fn parse_answer(raw: &str, percent: bool) -> Vec<Answer> {
     let s = normalize(raw);
     let s = s.trim_start_matches('$').trim_end_matches('$').trim();
@@ -42,9 +51,8 @@ pub fn parse_answer(raw: &str, percent: bool) -> Vec<Answer> {
         if let Some(p) = s.strip_suffix(suffix) {
             let base = parse_structure(p.trim());
             if percent {
-                if let Answer::Scalar(e) = &base {
-                    let hundredth = Expr::Mul(vec![e.clone(), Expr::Num(0.01)]);
-                    return vec![base.clone(), Answer::Scalar(hundredth)];
+                if let Answer::Scalar(e) = base {
+                    return vec![Answer::Percent(e)];
                 }
             }
             return vec![base];
@@ -140,7 +148,14 @@ fn parse_structure(s: &str) -> Answer {
     }
     let items = split_top(s, ",");
     if items.len() > 1 {
-        return Answer::Set(items.iter().map(|p| parse_structure(p)).collect());
+        // Empty items come from joined lists (`1, 2, \text{and } 3` is `1, 2, , 3`).
+        return Answer::Set(
+            items
+                .iter()
+                .filter(|p| !p.is_empty())
+                .map(|p| parse_structure(p))
+                .collect(),
+        );
     }
     // `x = 5`, `y = 2x + 3`: an equation with a lone symbol on the left means its right side;
     // `x \in [1, 2]` means the set.
@@ -160,7 +175,7 @@ fn parse_structure(s: &str) -> Answer {
         }
     }
     if let Some(interval) = inequality(s) {
-        return interval;
+        return Answer::Inequality(Box::new(interval));
     }
     // A ratio `a:b` is the fraction a/b.
     let ratio = split_top(s, ":");
@@ -174,6 +189,17 @@ fn parse_structure(s: &str) -> Answer {
     }
     if matches!(s, "\\emptyset" | "\\varnothing" | "\\{\\}") {
         return Answer::Set(Vec::new());
+    }
+    // `a \pm b` is the pair a + b, a - b.
+    let pm = split_top(s, "\\pm");
+    if pm.len() == 2 && !pm[0].is_empty() {
+        if let (Some(a), Some(b)) = (parse_expr(&pm[0]), parse_expr(&pm[1])) {
+            let minus = Expr::Add(vec![a.clone(), Expr::Mul(vec![Expr::Num(-1.0), b.clone()])]);
+            return Answer::Set(vec![
+                Answer::Scalar(Expr::Add(vec![a, b])),
+                Answer::Scalar(minus),
+            ]);
+        }
     }
     if let Some(rest) = s.strip_prefix("\\pm") {
         if let Some(e) = parse_expr(rest) {
@@ -267,8 +293,21 @@ pub fn equivalent(gold: &[Answer], pred: &[Answer]) -> bool {
         .any(|g| pred.iter().any(|p| answers_equal(g, p)))
 }
 
+/// Whether gold-side `a` and predicted-side `b` are equal (the order matters only for
+/// inequalities, see [`Answer::Inequality`]).
 fn answers_equal(a: &Answer, b: &Answer) -> bool {
     match (a, b) {
+        (Answer::Inequality(x), Answer::Inequality(y)) => answers_equal(x, y),
+        (Answer::Inequality(x), other) => answers_equal(x, other),
+        (_, Answer::Inequality(_)) => false,
+        (Answer::Percent(p), Answer::Percent(q)) => exprs_equal(p, q),
+        (Answer::Percent(p), Answer::Scalar(x)) | (Answer::Scalar(x), Answer::Percent(p)) => {
+            if integer_valued(p) && integer_valued(x) {
+                exprs_equal(p, x)
+            } else {
+                exprs_equal(&Expr::Mul(vec![p.clone(), Expr::Num(0.01)]), x)
+            }
+        }
         (Answer::Scalar(x), Answer::Scalar(y)) => exprs_equal(x, y),
         (
             Answer::Bracketed {
@@ -327,6 +366,14 @@ fn answers_equal(a: &Answer, b: &Answer) -> bool {
         (Answer::Raw(r1), Answer::Raw(r2)) => r1 == r2,
         _ => false,
     }
+}
+
+/// A number without free symbols whose value is an integer (math-verify's `Integer`).
+fn integer_valued(e: &Expr) -> bool {
+    let mut symbols = BTreeSet::new();
+    collect_symbols(e, &mut symbols);
+    let v = eval(e, &|_| f64::NAN);
+    symbols.is_empty() && v.is_finite() && v.fract() == 0.0
 }
 
 fn difference(l: &Expr, r: &Expr) -> Expr {
@@ -521,5 +568,56 @@ mod tests {
         assert!(eq(r"\frac{1}{2}", "1:2"));
         assert!(eq(r"\frac{1}{3}", "0.3333333"));
         assert!(!eq("3", "3.0000001"));
+    }
+
+    #[test]
+    fn percentages_as_math_verify_reads_them() {
+        assert!(eq(r"25\%", "25"));
+        assert!(eq(r"25\%", r"\frac{1}{4}"));
+        assert!(eq(r"25\%", "0.25"));
+        assert!(eq("0.4", r"40\%"));
+        assert!(eq(r"\frac{1}{8}", r"12.5\%"));
+        assert!(
+            !eq("12.5", r"12.5\%"),
+            "a non-integer percentage is only its hundredth"
+        );
+        assert!(!eq(r"25\%", "2.5"));
+        assert!(!eq(r"40\%", "4"));
+        assert!(!eq(r"25\%", r"75\%"));
+    }
+
+    #[test]
+    fn gold_inequalities_accept_intervals_but_not_the_reverse() {
+        assert!(eq(r"x \ge 2", r"[2, \infty)"));
+        assert!(eq(r"x \ge 2", r"2 \le x"));
+        assert!(!eq(r"[3, \infty)", r"x \geq 3"));
+        assert!(!eq(
+            r"(-\infty, 0) \cup (1, \infty)",
+            r"x<0 \text{ or } x>1"
+        ));
+    }
+
+    #[test]
+    fn solutions_joined_by_words_and_wrapped_answers() {
+        assert!(eq("2, 3", r"2 \text{ or } 3"));
+        assert!(eq("2, 3", r"x = 2 \text{ and } x = 3"));
+        assert!(eq("2, 3", r"2 \quad \text{or} \quad 3"));
+        assert!(eq("1, 2, 3", r"1, 2, \text{and } 3"));
+        assert!(eq(r"\{-1, 4\}", r"x=-1 \text{ or } x=4"));
+        assert!(eq(
+            r"1 \pm \sqrt{2}",
+            r"1 - \sqrt 2 \text{ or } 1 + \sqrt 2"
+        ));
+        assert!(!eq(r"1 \pm \sqrt{2}", r"1 + \sqrt{2}"));
+        assert!(eq(r"-\frac{5}{2}", r"-2\frac{1}{2}"));
+        assert!(!eq("2, 3", r"2 \text{ or } 4"));
+        assert!(eq("5", r"\mathbf{5}"));
+        assert!(eq("5", r"\mathbf 5"));
+        assert!(eq("5", r"\displaystyle{5}"));
+        assert!(eq(r"\frac{3}{4}", r"\textbf{3/4}"));
+        assert!(eq("12", r"12\,\text{cm}^2"));
+        assert!(!eq("5", r"\text{50}"));
+        assert!(eq(r"\text{(B)}", r"\textbf{(B)}"));
+        assert!(!eq(r"\text{Yes}", r"\textbf{No}"));
     }
 }

@@ -45,6 +45,8 @@ enum Tok {
 pub fn normalize(raw: &str) -> String {
     static UNITS: OnceLock<Regex> = OnceLock::new();
     static THOUSANDS: OnceLock<Regex> = OnceLock::new();
+    static BARE_TEXT: OnceLock<Regex> = OnceLock::new();
+    static JOINERS: OnceLock<Regex> = OnceLock::new();
     // Protect LaTeX line breaks (`\\`, matrix rows) from the `\ ` (spacing) rule below.
     let mut s = raw.trim().replace("\\\\", "\u{1}");
     for (from, to) in [
@@ -71,13 +73,25 @@ pub fn normalize(raw: &str) -> String {
         ("\\mathbf", "\\text"),
         ("\\mbox", "\\text"),
         ("\\operatorname", "\\text"),
+        ("\\boldsymbol", "\\text"),
+        ("\\bm{", "\\text{"),
+        ("°", ""),
     ] {
         s = s.replace(from, to);
     }
+    // `\mathbf 5`: a one-character argument without braces.
+    let bare =
+        BARE_TEXT.get_or_init(|| Regex::new(r"\\text\s+([A-Za-z0-9])").expect("static regex"));
+    s = bare.replace_all(&s, "\\text{$1}").into_owned();
+    // Solutions joined by words: `2 \text{ or } 3`, `1, 2, \text{and } 3` are lists.
+    let joiners =
+        JOINERS.get_or_init(|| Regex::new(r"\\text\{\s*(?:or|and)\s*\}").expect("static regex"));
+    s = joiners.replace_all(&s, ",").into_owned();
     s = s.trim_end_matches('.').trim().to_string();
     // Units: a `\text{...}` after a value is a unit (`5\text{ cm}`, `90 \text{ degrees}`).
     let units = UNITS.get_or_init(|| {
-        Regex::new(r"^(.*[0-9}a-zA-Z)])\s*\\text\{[^{}]*\}\s*$").expect("static regex")
+        Regex::new(r"^(.*[0-9}a-zA-Z)])\s*\\text\{[^{}]*\}(?:\^\{?[0-9]\}?)?\s*$")
+            .expect("static regex")
     });
     while let Some(c) = units.captures(&s) {
         let head = c[1].trim().to_string();
@@ -85,6 +99,25 @@ pub fn normalize(raw: &str) -> String {
             break;
         }
         s = head;
+    }
+    // Formatting wrappers around the whole answer: `\mathbf{5}` (now `\text{5}`) and
+    // `\displaystyle{5}` are `5`; a `\text{...}` holding words stays text.
+    loop {
+        let inner = if let Some(rest) = s.strip_prefix("\\text{") {
+            balanced_prefix(rest)
+                .filter(|b| b.len() + 1 == rest.len() && as_text(&s).is_none())
+                .map(str::to_string)
+        } else if let Some(rest) = s.strip_prefix('{') {
+            balanced_prefix(rest)
+                .filter(|b| b.len() + 1 == rest.len())
+                .map(str::to_string)
+        } else {
+            None
+        };
+        match inner {
+            Some(body) if !body.trim().is_empty() => s = body.trim().to_string(),
+            _ => break,
+        }
     }
     let thousands = THOUSANDS
         .get_or_init(|| Regex::new(r"^-?\d{1,3}(,\d{3})+(\.\d+)?$").expect("static regex"));
@@ -240,13 +273,17 @@ impl Parser {
                 }
                 Some(t) if starts_primary(t) => {
                     let mixed = factors.len() == 1
-                        && matches!(factors[0], Expr::Num(n) if n.fract() == 0.0 && n >= 0.0)
+                        && matches!(factors[0], Expr::Num(n) if n.fract() == 0.0)
                         && matches!(t, Tok::Cmd(c) if c == "frac");
                     let next = self.power()?;
                     if mixed && matches!(&next, Expr::Mul(v) if v.iter().all(is_numeric_literal)) {
-                        // `4\frac{2}{3}` is a mixed number.
+                        // `4\frac{2}{3}` is a mixed number; `-2\frac{1}{2}` is -(2 + 1/2).
                         let whole = factors.pop()?;
-                        factors.push(Expr::Add(vec![whole, next]));
+                        let negative = matches!(whole, Expr::Num(n) if n < 0.0);
+                        factors.push(Expr::Add(vec![
+                            whole,
+                            if negative { neg(next) } else { next },
+                        ]));
                     } else {
                         factors.push(next);
                     }

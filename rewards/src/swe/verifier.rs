@@ -64,7 +64,37 @@ pub fn lexical_similarity(predicted: &Patch, gold: &Patch) -> (f64, Value) {
     (mean, Value::Array(per_file))
 }
 
-/// Scores patches against `gold_patch`.
+/// Test fields an SWE row may carry (SWE-bench / SWE-Gym / SWE-smith / Nemotron RL-SWE): kept
+/// with the row, never run by this execution-free verifier.
+pub const TEST_FIELDS: [&str; 3] = ["FAIL_TO_PASS", "PASS_TO_PASS", "test_patch"];
+
+/// The error for a row without `gold_patch`, saying which tests it has instead, if any.
+fn missing_gold(reference: &Value) -> VerifyError {
+    let tests: Vec<&str> = TEST_FIELDS
+        .iter()
+        .copied()
+        .filter(|f| reference.get(*f).is_some_and(|v| !v.is_null()))
+        .collect();
+    let problem = if tests.is_empty() {
+        "missing: the execution-free SWE reward compares the answer's patch with a gold patch"
+            .to_string()
+    } else {
+        format!(
+            "missing: this row has tests (`{}`) but no gold patch; the SWE reward is \
+             execution-free (it compares the answer's patch with a gold patch) and does not run \
+             tests, so the row cannot be scored by it",
+            tests.join("`, `")
+        )
+    };
+    VerifyError::BadReference {
+        field: "gold_patch".into(),
+        problem,
+    }
+}
+
+/// Scores patches against `gold_patch`. Rows that also carry tests ([`TEST_FIELDS`]) are
+/// scored against the gold patch alone (the paper's execution-free reward); a row with tests but
+/// no gold patch is a [`VerifyError::BadReference`] naming `gold_patch` and the tests it has.
 pub struct SweVerifier {
     scorer: Box<dyn SemanticScorer>,
 }
@@ -100,13 +130,16 @@ impl Verifier for SweVerifier {
         reference: &Value,
         response: &SplitResponse<'_>,
     ) -> Result<Reward, VerifyError> {
-        let gold_text = reference
-            .get("gold_patch")
-            .and_then(Value::as_str)
-            .ok_or_else(|| VerifyError::BadReference {
-                field: "gold_patch".into(),
-                problem: "missing or not a string".into(),
-            })?;
+        let gold_text = match reference.get("gold_patch") {
+            Some(Value::String(s)) => s.as_str(),
+            Some(other) => {
+                return Err(VerifyError::BadReference {
+                    field: "gold_patch".into(),
+                    problem: format!("must be a string (a unified diff), got {other}"),
+                })
+            }
+            None => return Err(missing_gold(reference)),
+        };
         let gold = parse(gold_text).map_err(|e| VerifyError::BadReference {
             field: "gold_patch".into(),
             problem: format!("unparsable diff: {e}"),
@@ -168,5 +201,61 @@ impl Verifier for SweVerifier {
                 "scorer": semantic.details,
             }),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cascade_shared::chat::split_response;
+
+    const GOLD: &str = "--- a/src/calc.py\n+++ b/src/calc.py\n@@ -1,2 +1,2 @@\n def mean(xs):\n-    return sum(xs) / len(xs) + 1\n+    return sum(xs) / len(xs)\n";
+
+    fn verify(reference: Value, answer: &str) -> Result<Reward, VerifyError> {
+        SweVerifier::default().verify(&reference, &split_response(answer))
+    }
+
+    #[test]
+    fn gold_patch_rows_score_with_or_without_tests() {
+        let answer = format!("```diff\n{GOLD}```");
+        // Nemotron RL-SWE: a gold patch and no tests.
+        let r = verify(json!({"gold_patch": GOLD}), &answer).unwrap();
+        assert_eq!(r.reward, 1.0);
+        // SWE-bench / SWE-smith: tests are carried along and not needed.
+        let r = verify(
+            json!({"gold_patch": GOLD, "FAIL_TO_PASS": ["tests/test_calc.py::test_mean"],
+                   "PASS_TO_PASS": [], "test_patch": null}),
+            &answer,
+        )
+        .unwrap();
+        assert_eq!(r.reward, 1.0);
+        let r = verify(json!({"gold_patch": GOLD, "FAIL_TO_PASS": []}), "no patch").unwrap();
+        assert!(r.reward <= 0.0, "{}", r.details);
+    }
+
+    #[test]
+    fn rows_without_a_gold_patch_say_what_they_have() {
+        let e = verify(
+            json!({"FAIL_TO_PASS": ["tests/test_calc.py::test_mean"], "PASS_TO_PASS": [],
+                   "test_patch": "--- a/t.py\n+++ b/t.py\n"}),
+            "x",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("reference field `gold_patch`: missing"),
+            "{e}"
+        );
+        assert!(
+            e.contains("`FAIL_TO_PASS`, `PASS_TO_PASS`, `test_patch`")
+                && e.contains("execution-free"),
+            "{e}"
+        );
+        let e = verify(json!({"prompt": "p"}), "x").unwrap_err().to_string();
+        assert!(e.contains("gold_patch") && !e.contains("has tests"), "{e}");
+        let e = verify(json!({"gold_patch": 3}), "x")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("must be a string"), "{e}");
     }
 }
