@@ -199,7 +199,11 @@ fn packed_rows_give_the_padded_loss_stats_and_gradients() -> Result<()> {
         let padded = GrpoBatch::from_groups(&groups, &objective)?;
         let (want, want_grads) = step(&policy, &params, &reference, &padded, 5, &objective)?;
         // The objective's options must actually act on this batch, or the test proves little.
-        assert!(want.clipped_tokens > 0.0, "{name}: no clipped token");
+        match objective.tis_cap {
+            // With TIS the PPO ratio is 1 in value (never clipped); the cap must bind instead.
+            Some(cap) => assert!(want.ratio_max > f64::from(cap), "{name}: TIS cap idle"),
+            None => assert!(want.clipped_tokens > 0.0, "{name}: no clipped token"),
+        }
         if objective.dual_clip.is_some() {
             assert!(want.dual_clipped_tokens > 0.0, "{name}: dual clip idle");
         }
