@@ -159,7 +159,6 @@ pub fn group_advantages(rewards: &[f32], scale_by_std: bool, eps: f32) -> Vec<f3
         .collect()
 }
 
-
 impl GrpoBatch {
     /// Builds the batch, one sample per row (see [`GrpoBatch::with_token_budget`] for packed
     /// rows). The groups must already have passed [`crate::filter::GroupFilter`] (consistent
@@ -355,7 +354,12 @@ impl GrpoBatch {
             return Err(LearnerError::InvalidBatch("empty micro-batch".into()));
         }
         let b = rows.len();
-        let t = rows.iter().map(|r| self.row_len(r)).max().unwrap_or(0).max(2);
+        let t = rows
+            .iter()
+            .map(|r| self.row_len(r))
+            .max()
+            .unwrap_or(0)
+            .max(2);
         let mut ids = vec![0u32; b * t];
         let mut segments = vec![0u32; b * t];
         let mut loss_mask = vec![0f32; b * (t - 1)];

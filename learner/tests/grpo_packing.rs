@@ -45,7 +45,9 @@ fn groups(policy: &CausalLm) -> Result<Vec<RolloutGroup>> {
     let mut out = Vec::new();
     for g in 0..9 {
         let prompt_len = rng.random_range(1..10);
-        let prompt: Vec<u32> = (0..prompt_len).map(|_| rng.random_range(1..VOCAB)).collect();
+        let prompt: Vec<u32> = (0..prompt_len)
+            .map(|_| rng.random_range(1..VOCAB))
+            .collect();
         let temperature = temps[g % temps.len()];
         let mut samples = Vec::new();
         for s in 0..4 {
@@ -224,8 +226,14 @@ fn packed_rows_give_the_padded_loss_stats_and_gradients() -> Result<()> {
                 let t = groups[row[0].0].temperature;
                 assert!(row.iter().all(|&(g, _)| groups[g].temperature == t));
             }
-            let (got, got_grads) =
-                step(&policy, &params, &reference, &packed, micro_batch, &objective)?;
+            let (got, got_grads) = step(
+                &policy,
+                &params,
+                &reference,
+                &packed,
+                micro_batch,
+                &objective,
+            )?;
             let what = |s: &str| format!("{name}, budget {budget}, micro-batch {micro_batch}: {s}");
             close(got.loss, want.loss, &what("loss"));
             close(got.tokens, want.tokens, &what("tokens"));
@@ -278,7 +286,12 @@ fn normal(rng: &mut ChaCha8Rng) -> f64 {
 
 /// Groups with the length mix of a math RL stage: prompts of 50–400 tokens, responses
 /// log-normal around `median` tokens (σ = 0.8), cut at `max_response` (those are truncated).
-fn length_mix(prompts: usize, group_size: usize, median: f64, max_response: usize) -> Vec<RolloutGroup> {
+fn length_mix(
+    prompts: usize,
+    group_size: usize,
+    median: f64,
+    max_response: usize,
+) -> Vec<RolloutGroup> {
     let mut rng = ChaCha8Rng::seed_from_u64(17);
     (0..prompts)
         .map(|p| {
@@ -333,10 +346,16 @@ fn padding_fraction_of_a_realistic_length_mix() -> Result<()> {
         padded.len(),
         real
     );
-    println!("{:<34} {:>8} {:>12} {:>9}", "layout", "forwards", "tokens", "padding");
+    println!(
+        "{:<34} {:>8} {:>12} {:>9}",
+        "layout", "forwards", "tokens", "padding"
+    );
     let row = |name: String, forwards: usize, tokens: usize| {
         let pad = 1.0 - real as f64 / tokens as f64;
-        println!("{name:<34} {forwards:>8} {tokens:>12} {:>8.1}%", 100.0 * pad);
+        println!(
+            "{name:<34} {forwards:>8} {tokens:>12} {:>8.1}%",
+            100.0 * pad
+        );
         pad
     };
     let mut padded_fraction = 0.0;
@@ -360,7 +379,10 @@ fn padding_fraction_of_a_realistic_length_mix() -> Result<()> {
         );
         // Invariants: every sample once, no row over the budget, no more work than padding.
         assert_eq!(packed.total_tokens(), real);
-        assert_eq!(packed.layout().iter().map(Vec::len).sum::<usize>(), padded.len());
+        assert_eq!(
+            packed.layout().iter().map(Vec::len).sum::<usize>(),
+            padded.len()
+        );
         assert!(tokens <= packed.rows() * budget);
         assert!(f < padded_fraction, "packing padded more than padding");
     }
@@ -432,7 +454,13 @@ lr = 1e-6
     let parse = |t: &str| RunConfig::parse(t, "test.toml", std::path::Path::new("/b"), &[]);
     // actor.max_new_tokens (300) is the stage's longest response: 300 leaves no prompt token.
     let e = parse(&text(300, "")).unwrap_err().to_string();
-    for part in ["learner.token_budget", "stages[1]", "\"math\"", "300 tokens", "300 response"] {
+    for part in [
+        "learner.token_budget",
+        "stages[1]",
+        "\"math\"",
+        "300 tokens",
+        "300 response",
+    ] {
         assert!(e.contains(part), "{e:?} lacks {part:?}");
     }
     assert_eq!(parse(&text(301, "")).unwrap().learner.token_budget, 301);
