@@ -30,6 +30,9 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process: the size of the largest variant (`run`, with every config flag)
+// costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Look at a model: per-token log-probs or a greedy/sampled generation.

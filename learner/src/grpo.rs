@@ -30,8 +30,11 @@
 //! sequence-level `(1/N) Σ_seq (Σ_t m_t ℓ_t / max(1, Σ_t m_t))` with `N` the number of samples
 //! (TRL's `loss_type="grpo"`; a fully masked sample contributes 0 and still counts in `N`).
 //! Denominators come from the whole batch ([`LossNormaliser`]), never the micro-batch.
+//! Everything is per target column (advantage, sequence denominator, masks), so a row may
+//! hold one sample, padded, or several packed ones ([`crate::batch`]): the loss, its statistics
+//! and its gradients are the same.
 
-use candle_core::{DType, Tensor, D};
+use candle_core::{DType, Tensor};
 use serde::{Deserialize, Serialize};
 
 pub use crate::batch::LossAggregation;
@@ -233,8 +236,22 @@ pub fn grpo_loss(
             batch.loss_mask.dims()
         )));
     }
+    for (name, t) in [
+        ("advantages", &batch.advantages),
+        ("sample_tokens", &batch.sample_tokens),
+        ("behaviour_logprobs", &batch.behaviour_logprobs),
+    ] {
+        if t.dims() != batch.loss_mask.dims() {
+            return Err(LearnerError::InvalidBatch(format!(
+                "{name} of shape {:?} for a micro-batch with targets {:?}",
+                t.dims(),
+                batch.loss_mask.dims()
+            )));
+        }
+    }
     let mask = &batch.loss_mask;
-    let advantages = batch.advantages.unsqueeze(1)?; // (b, 1)
+    // Per target: the advantage of its sample (rows may hold several samples).
+    let advantages = &batch.advantages;
     let behaviour = &batch.behaviour_logprobs;
 
     // 1. Importance ratio and (optionally) the truncated importance weight.
@@ -250,26 +267,20 @@ pub fn grpo_loss(
 
     // 2. Clipped surrogate: −min(ratio·A, clip(ratio)·A), and for A < 0 at most −c·A.
     let clipped = ratio.clamp(1.0 - cfg.clip_eps_low, 1.0 + cfg.clip_eps_high)?;
-    let unclipped_term = ratio.broadcast_mul(&advantages)?;
-    let clipped_term = clipped.broadcast_mul(&advantages)?;
+    let unclipped_term = (&ratio * advantages)?;
+    let clipped_term = (&clipped * advantages)?;
     let mut per_token = unclipped_term.minimum(&clipped_term)?.neg()?;
     let mut dual_clipped_tokens = 0.0;
     if let Some(c) = cfg.dual_clip {
-        // The bound per row: −c·A where A < 0, none (f32::MAX) otherwise.
-        let bound: Vec<f32> = batch
-            .advantages
-            .to_vec1::<f32>()?
-            .into_iter()
-            .map(|a| if a < 0.0 { -c * a } else { f32::MAX })
-            .collect();
-        let bound = Tensor::from_vec(bound, (mask.dim(0)?, 1), mask.device())?;
-        let over = per_token
-            .detach()
-            .broadcast_gt(&bound)?
-            .to_dtype(DType::F32)?;
+        // The bound per token: −c·A where A < 0, none (f32::MAX) otherwise.
+        let none = Tensor::full(f32::MAX, advantages.shape(), advantages.device())?;
+        let bound = advantages
+            .lt(0f32)?
+            .where_cond(&(advantages * -f64::from(c))?, &none)?;
+        let over = per_token.detach().gt(&bound)?.to_dtype(DType::F32)?;
         dual_clipped_tokens = scalar(&(over * mask)?.sum_all()?)?;
         // The gradient flows to the constant bound where it is taken: none reaches lp.
-        per_token = per_token.broadcast_minimum(&bound)?;
+        per_token = per_token.minimum(&bound)?;
     }
     if let Some(w) = &tis_weight {
         per_token = (per_token * w)?;
@@ -309,8 +320,10 @@ pub fn grpo_loss(
     let loss = match normaliser {
         LossNormaliser::Tokens(n) => (masked.sum_all()? / n as f64)?,
         LossNormaliser::Sequences(n) => {
-            let per_seq_tokens = mask.sum(D::Minus1)?.clamp(1f32, f32::MAX)?;
-            (masked.sum(D::Minus1)?.div(&per_seq_tokens)?.sum_all()? / n as f64)?
+            // Each trained token divided by its own sample's trained-token count: the sum is
+            // Σ_seq (Σ_t m_t ℓ_t / max(1, Σ_t m_t)) whichever samples share a row.
+            let per_seq_tokens = batch.sample_tokens.clamp(1f32, f32::MAX)?;
+            (masked.div(&per_seq_tokens)?.sum_all()? / n as f64)?
         }
     };
 
@@ -347,7 +360,8 @@ mod tests {
             attention_mask: Tensor::ones((1, 3), DType::U8, &d).unwrap(),
             loss_mask: Tensor::new(&[[0f32, 1.0]], &d).unwrap(),
             behaviour_logprobs: Tensor::new(&[[0f32, behaviour]], &d).unwrap(),
-            advantages: Tensor::new(&[adv], &d).unwrap(),
+            advantages: Tensor::new(&[[0f32, adv]], &d).unwrap(),
+            sample_tokens: Tensor::new(&[[0f32, 1.0]], &d).unwrap(),
             temperatures: vec![1.0],
         }
     }

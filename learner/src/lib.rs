@@ -3,7 +3,7 @@
 //! The pieces, in the order a GRPO step uses them:
 //! [`filter::GroupFilter`] (the one place that decides admission: stage, bad input,
 //! duplicates, staleness, dynamic filtering, no-signal steps) →
-//! [`batch::GrpoBatch`] (advantages, padding, micro-batches) →
+//! [`batch::GrpoBatch`] (advantages, padded or packed rows, micro-batches) →
 //! [`train_step::accumulate_grpo_gradients`] ([`grpo::grpo_loss`] per micro-batch on a
 //! [`PolicyModel`]) → [`optim::AdamW::step`] with [`schedule::LrSchedule`] →
 //! [`snapshot::publish`] every `publish_every` steps. [`run`] is the stage controller of the

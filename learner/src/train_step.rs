@@ -8,10 +8,13 @@ use crate::grpo::{grpo_loss, GrpoConfig, GrpoStats};
 use crate::optim::AdamW;
 use crate::policy::PolicyModel;
 
-/// Runs forward + backward on each micro-batch of at most `micro_batch` rows and adds the
-/// gradients to `optimizer`'s accumulator. Only one micro-batch's activations are alive at a
-/// time, so peak memory follows `micro_batch`, not the batch size. The losses use the
-/// full batch's denominator, so the accumulated gradient equals the full-batch gradient.
+/// Runs forward + backward on each micro-batch of at most `micro_batch` training rows and adds
+/// the gradients to `optimizer`'s accumulator. A row is one sample, or, in a batch packed with
+/// [`GrpoBatch::with_token_budget`], up to `token_budget` tokens of samples of one temperature:
+/// a micro-batch then holds at most `micro_batch × token_budget` tokens. Only one micro-batch's
+/// activations are alive at a time, so peak memory follows the micro-batch, not the batch size.
+/// The losses use the full batch's denominator, so the accumulated gradient equals the
+/// full-batch gradient, whatever the micro-batch size or the layout.
 /// The caller then calls [`AdamW::step`] with `stats.loss`.
 pub fn accumulate_grpo_gradients<P, R>(
     policy: &P,

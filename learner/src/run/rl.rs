@@ -65,7 +65,10 @@ impl<S: RolloutSource> Learner<'_, S> {
                 self.state.prompt_tracker = Some(tracker.state());
                 return Ok(false);
             };
-            let batch = GrpoBatch::from_groups(&step.kept, &grpo)?;
+            // learner.token_budget > 0: samples packed into rows of at most that many tokens
+            // (0: one padded sample per row); `micro_batch` rows per forward either way.
+            let batch = GrpoBatch::from_groups(&step.kept, &grpo)?
+                .with_token_budget(config.learner.token_budget)?;
             let stats = accumulate_grpo_gradients(
                 &self.policy.model,
                 reference.as_ref(),

@@ -88,8 +88,13 @@ knobs! {
     config LearnerConfig;
     /// Command-line overrides of `[learner]`.
     args LearnerArgs;
-    /// Sequences per forward/backward micro-batch (gradients accumulate over a step).
+    /// Sequences per forward/backward micro-batch (gradients accumulate over a step); with a
+    /// `token_budget`, packed rows per micro-batch.
     micro_batch: usize = 8, flag "micro-batch";
+    /// RL: pack samples of one temperature into rows of at most this many tokens (first-fit
+    /// decreasing) instead of padding each to the longest of its micro-batch; the loss is the
+    /// same. Must hold the longest prompt + response. 0 = off (one padded sample per row).
+    token_budget: usize = 0, flag "token-budget";
     /// Publish a snapshot every this many optimizer steps.
     publish_every: usize = 1, flag "publish-every";
     /// Drop rollouts more than this many policy versions old (0 = strictly on-policy).

@@ -196,6 +196,7 @@ impl RunConfig {
         for (i, stage) in self.stages.iter().enumerate() {
             let at = format!("stages[{i}]");
             stage.validate(&at, self.reward_model.is_some())?;
+            stage.check_token_budget(&at, self.learner.token_budget, self.actor.max_new_tokens)?;
             if self.stages[..i].iter().any(|s| s.name == stage.name) {
                 return Err(invalid(
                     format!("{at}.name"),

@@ -411,13 +411,49 @@ impl StageConfig {
                 ));
             }
             if self.token_budget.is_some() {
-                return Err(invalid(key("token_budget"), "applies to SFT stages only"));
+                return Err(invalid(
+                    key("token_budget"),
+                    "applies to SFT stages only (RL rows are packed by learner.token_budget)",
+                ));
             }
         } else if self.token_budget == Some(0) {
             return Err(invalid(key("token_budget"), "must be at least 1"));
         }
         self.validate_lengths(at)?;
         self.validate_verifier(at, trained_rm)
+    }
+
+    /// Checks that `learner.token_budget` (`budget`, 0 = no packing) holds the longest sample
+    /// this RL stage can produce: its longest `max_response_tokens` (`default_max_new` when it
+    /// sets none) and at least one prompt token. Prompt lengths are known only at batching,
+    /// where a longer sample is refused by name.
+    pub(crate) fn check_token_budget(
+        &self,
+        at: &str,
+        budget: usize,
+        default_max_new: usize,
+    ) -> Result<()> {
+        if budget == 0 || !self.is_rl() {
+            return Ok(());
+        }
+        let longest = match &self.max_response_tokens {
+            None => default_max_new,
+            Some(MaxResponseTokens::Fixed(n)) => *n,
+            Some(MaxResponseTokens::Curriculum(lengths)) => {
+                lengths.iter().copied().max().unwrap_or(0)
+            }
+        };
+        if budget <= longest {
+            return Err(invalid(
+                "learner.token_budget",
+                format!(
+                    "{budget} tokens cannot hold a sample of {at} ({:?}): up to {longest} \
+                     response tokens (max_response_tokens) + at least 1 prompt token",
+                    self.name
+                ),
+            ));
+        }
+        Ok(())
     }
 
     fn validate_lengths(&self, at: &str) -> Result<()> {
