@@ -57,6 +57,8 @@ enum Command {
     /// Dataset tools (`cascade data tiny`).
     #[command(subcommand)]
     Data(commands::data::DataCommand),
+    /// Whether a run fits its devices: memory per process, device and stage, before launch.
+    Plan(commands::plan::PlanArgs),
     /// Write the HTML report of a run.
     Report(commands::report::ReportArgs),
 }
@@ -81,6 +83,7 @@ fn main() {
         Command::Actor(args) => commands::actor::run(args),
         Command::Learner(args) => commands::learner::run(args),
         Command::Run(args) => commands::run::run(args),
+        Command::Plan(args) => commands::plan::run(args),
         Command::Eval(args) => commands::eval::run(args),
         Command::Data(cmd) => commands::data::run(cmd),
         Command::Report(args) => commands::report::run(args),

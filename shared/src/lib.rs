@@ -14,6 +14,7 @@ pub mod device;
 pub mod metrics;
 pub mod model;
 pub mod outcomes;
+pub mod plan;
 pub mod reward_head;
 pub mod rng;
 pub mod rollout;

@@ -7,6 +7,7 @@ pub mod eval;
 pub mod init_model;
 pub mod inspect;
 pub mod learner;
+pub mod plan;
 pub mod replay;
 pub mod report;
 pub mod run;

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use super::error::{invalid, Result};
 
 /// One compute device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub enum Device {
     /// The CPU.

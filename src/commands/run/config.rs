@@ -64,6 +64,17 @@ pub(super) fn prepare(
             return Ok(Err(ConfigProblem(one_line(&e.to_string()))));
         }
     }
+    if !args.skip_memory_check {
+        match crate::commands::plan::check_run(&config, embedded) {
+            Ok(Ok(())) => {}
+            Ok(Err(lines)) => {
+                return Ok(Err(ConfigProblem(format!(
+                    "{lines}  (--skip-memory-check starts it anyway)"
+                ))))
+            }
+            Err(e) => tracing::warn!("memory plan skipped: {e:#}"),
+        }
+    }
     std::fs::create_dir_all(run_dir.join("logs"))
         .with_context(|| format!("creating {}", run_dir.display()))?;
     if embedded {

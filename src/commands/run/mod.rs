@@ -32,6 +32,7 @@ use cascade_shared::metrics::{unix_now, MetricsLog, RunEnd, RunStart, HELDOUT_FI
 use clap::Args;
 
 use crate::heldout;
+pub use config::{TINY_MODEL_JSON, TINY_TOML};
 use config::ConfigProblem;
 use progress::Progress;
 use supervisor::{Outcome, Supervisor};
@@ -63,6 +64,9 @@ pub struct RunArgs {
     /// Skip the held-out evaluation at the end.
     #[arg(long)]
     pub no_eval: bool,
+    /// Start even when the memory plan (`cascade plan`) says a stage does not fit.
+    #[arg(long)]
+    pub skip_memory_check: bool,
 }
 
 /// Runs `cascade run`.

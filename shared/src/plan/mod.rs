@@ -1,0 +1,441 @@
+//! The memory plan of a run (`cascade plan`): for every stage, what each process of the run holds
+//! on its device — weights, gradients, optimizer state, activations at the stage's largest
+//! micro-batch, the KL reference model, the actors' KV caches — added up per device and compared
+//! with the device's memory, with the knob to turn when a stage does not fit.
+//!
+//! The figures come from what the code keeps alive, item by item (each function below names the
+//! tensors it counts), not from a fitted constant. What is not counted is named in
+//! [`Plan::notes`]: the figures are a floor for what the allocator will ask, which is why a
+//! fraction of every device is kept free ([`PlanOptions::headroom`]).
+
+mod bytes;
+mod model;
+
+use std::collections::BTreeMap;
+
+use crate::config::{Device, DtypeChoice, RunConfig, StageConfig};
+use crate::model::ModelConfig;
+use crate::StageKind;
+
+pub use bytes::{format_bytes, parse_bytes};
+pub use model::{ActivationModel, MemoryModel};
+
+/// Inputs of a plan besides the run config.
+#[derive(Debug, Clone)]
+pub struct PlanOptions {
+    /// The longest prompt, in tokens, the run will see (RL prompts are not tokenized to plan).
+    pub prompt_tokens: usize,
+    /// Memory of each device, where known (queried, or `--device-memory` for all).
+    pub capacity: BTreeMap<Device, u64>,
+    /// Fraction of each device's memory kept free for what the plan does not count (CUDA
+    /// context, allocator fragmentation, transient copies).
+    pub headroom: f64,
+}
+
+/// One line of a process's memory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Item {
+    /// What it is, with its shape in words.
+    pub what: String,
+    /// Bytes.
+    pub bytes: u64,
+}
+
+/// What one process holds on its device during one stage.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProcessUse {
+    /// `learner` or `actor N`.
+    pub process: String,
+    /// Its device.
+    pub device: Device,
+    /// Its items.
+    pub items: Vec<Item>,
+}
+
+impl ProcessUse {
+    /// Sum of the items.
+    pub fn total(&self) -> u64 {
+        self.items.iter().map(|i| i.bytes).sum()
+    }
+}
+
+/// One device during one stage: the sum of its processes against its memory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceUse {
+    /// The device.
+    pub device: Device,
+    /// Bytes its processes hold.
+    pub used: u64,
+    /// Its memory, when known.
+    pub capacity: Option<u64>,
+    /// Usable memory: capacity less the headroom.
+    pub usable: Option<u64>,
+    /// Whether `used <= usable` (`None`: capacity unknown).
+    pub fits: Option<bool>,
+    /// What to change when it does not fit.
+    pub advice: Vec<String>,
+}
+
+/// The plan of one stage.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StagePlan {
+    /// Stage name.
+    pub stage: String,
+    /// Every process.
+    pub processes: Vec<ProcessUse>,
+    /// Every device used.
+    pub devices: Vec<DeviceUse>,
+}
+
+impl StagePlan {
+    /// Whether every device fits (unknown capacity counts as not fitting).
+    pub fn fits(&self) -> bool {
+        self.devices.iter().all(|d| d.fits == Some(true))
+    }
+}
+
+/// The whole plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// Parameters of the policy.
+    pub parameters: u64,
+    /// The stages in order.
+    pub stages: Vec<StagePlan>,
+    /// What the figures assume or leave out.
+    pub notes: Vec<String>,
+}
+
+impl Plan {
+    /// Whether every stage fits on every device.
+    pub fn fits(&self) -> bool {
+        self.stages.iter().all(StagePlan::fits)
+    }
+
+    /// The devices whose memory is unknown.
+    pub fn unknown_devices(&self) -> Vec<Device> {
+        let mut out: Vec<Device> = self
+            .stages
+            .iter()
+            .flat_map(|s| s.devices.iter())
+            .filter(|d| d.capacity.is_none())
+            .map(|d| d.device)
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// The plan as text: per stage, each process's items, each device's total against its
+    /// memory and the verdict; then the notes and the overall verdict.
+    pub fn render(&self) -> String {
+        use std::fmt::Write;
+        let mut out = String::new();
+        for stage in &self.stages {
+            let verdict = if stage.fits() { "fits" } else { "DOES NOT FIT" };
+            let _ = writeln!(out, "stage {}: {verdict}", stage.stage);
+            for p in &stage.processes {
+                let _ = writeln!(
+                    out,
+                    "  {} on {}: {}",
+                    p.process,
+                    p.device,
+                    format_bytes(p.total())
+                );
+                for item in &p.items {
+                    let _ = writeln!(out, "    {:>9}  {}", format_bytes(item.bytes), item.what);
+                }
+            }
+            for d in &stage.devices {
+                let status = match (d.capacity, d.usable, d.fits) {
+                    (Some(cap), Some(usable), Some(fits)) => format!(
+                        "{} of {} usable ({} less {:.0} % headroom): {}",
+                        format_bytes(d.used),
+                        format_bytes(usable),
+                        format_bytes(cap),
+                        100.0 * (1.0 - usable as f64 / cap as f64),
+                        if fits { "ok" } else { "over" }
+                    ),
+                    _ => format!(
+                        "{} (device memory unknown: give --device-memory)",
+                        format_bytes(d.used)
+                    ),
+                };
+                let _ = writeln!(out, "  device {}: {status}", d.device);
+                for a in &d.advice {
+                    let _ = writeln!(out, "    → {a}");
+                }
+            }
+        }
+        for note in &self.notes {
+            let _ = writeln!(out, "note: {note}");
+        }
+        let _ = writeln!(
+            out,
+            "{}",
+            if self.fits() {
+                "plan: every stage fits"
+            } else {
+                "plan: at least one stage does not fit"
+            }
+        );
+        out
+    }
+}
+
+/// Bytes per element of the in-memory dtype on `device`.
+pub fn dtype_bytes(choice: DtypeChoice, device: Device) -> u64 {
+    match (choice, device) {
+        (DtypeChoice::F32, _) | (DtypeChoice::Auto, Device::Cpu) => 4,
+        _ => 2,
+    }
+}
+
+/// Whether the training forward on `device` uses the fused attention (no `t × t` scores).
+pub fn fused_attention_on(device: Device) -> bool {
+    matches!(device, Device::Cpu)
+}
+
+/// Builds the plan of `config` with the policy architecture `model`. `reward_model` gives the
+/// architecture of a stage's reward model (by stage index) where it differs from the policy's
+/// or is known; without an entry the policy's architecture is assumed (the in-run reward model
+/// starts from the policy) and a note says so.
+pub fn plan(
+    config: &RunConfig,
+    model: &ModelConfig,
+    reward_models: &BTreeMap<usize, ModelConfig>,
+    opts: &PlanOptions,
+) -> Plan {
+    let learner_device = config.devices.learner;
+    let learner_mm = MemoryModel::new(model, dtype_bytes(config.model.dtype, learner_device));
+    let mut notes = vec![format!(
+        "prompts assumed at most {} tokens (--prompt-tokens); the actors' prefill and KV cache \
+         and the learner's RL sequences grow with it",
+        opts.prompt_tokens
+    )];
+    let mut assumed_rm = false;
+    let stages = config
+        .stages
+        .iter()
+        .enumerate()
+        .map(|(index, stage)| {
+            let mut processes = vec![learner_use(config, stage, &learner_mm, opts)];
+            let actors = config.devices.actor_assignment();
+            if stage.kind != StageKind::Sft {
+                let rm = uses_reward_model(config, index).then(|| {
+                    reward_models.get(&index).unwrap_or_else(|| {
+                        assumed_rm = true;
+                        model
+                    })
+                });
+                for (i, device) in actors.iter().enumerate() {
+                    processes.push(actor_use(config, stage, model, rm, i, *device, opts));
+                }
+            }
+            let devices = device_uses(&processes, opts, config);
+            StagePlan {
+                stage: stage.name.clone(),
+                processes,
+                devices,
+            }
+        })
+        .collect();
+    if assumed_rm {
+        notes.push(
+            "a reward model whose config.json could not be read is assumed to have the policy's \
+             architecture"
+                .into(),
+        );
+    }
+    notes.push(
+        "not counted: the held-out evaluation between stages (it runs after the stage's \
+         processes stop), the SWE judge, tokenizer and host-side buffers"
+            .into(),
+    );
+    Plan {
+        parameters: model.num_parameters() as u64,
+        stages,
+        notes,
+    }
+}
+
+fn uses_reward_model(config: &RunConfig, index: usize) -> bool {
+    config.stages[index].verifier.reward_model.is_some() || config.uses_trained_reward_model(index)
+}
+
+/// Tokens of the stage's largest training row and rows per micro-batch.
+fn learner_rows(config: &RunConfig, stage: &StageConfig, opts: &PlanOptions) -> (usize, usize) {
+    let micro = config.learner.micro_batch.max(1);
+    match stage.kind {
+        StageKind::Sft => (micro, stage.token_budget.unwrap_or(DEFAULT_SFT_TOKEN_BUDGET)),
+        _ => (micro, opts.prompt_tokens + max_response(config, stage)),
+    }
+}
+
+/// The learner's SFT packing budget when a stage gives none (`learner/src/run/sft.rs`).
+pub const DEFAULT_SFT_TOKEN_BUDGET: usize = 2048;
+
+/// The stage's longest response over its curriculum.
+fn max_response(config: &RunConfig, stage: &StageConfig) -> usize {
+    use crate::config::MaxResponseTokens;
+    match &stage.max_response_tokens {
+        None => config.actor.max_new_tokens,
+        Some(MaxResponseTokens::Fixed(n)) => *n,
+        Some(MaxResponseTokens::Curriculum(v)) => v.iter().copied().max().unwrap_or(0),
+    }
+}
+
+fn learner_use(
+    config: &RunConfig,
+    stage: &StageConfig,
+    mm: &MemoryModel,
+    opts: &PlanOptions,
+) -> ProcessUse {
+    let device = config.devices.learner;
+    let mut items = mm.learner_state();
+    if stage.kind != StageKind::Sft && stage.kl_coef > 0.0 {
+        items.push(Item {
+            what: format!(
+                "KL reference model: the stage-start weights ({})",
+                mm.dtype_name()
+            ),
+            bytes: mm.weights(),
+        });
+    }
+    let (rows, tokens) = learner_rows(config, stage, opts);
+    let act = ActivationModel {
+        fused_attention: fused_attention_on(device),
+    };
+    items.extend(mm.training_activations(rows, tokens, act));
+    ProcessUse {
+        process: "learner".into(),
+        device,
+        items,
+    }
+}
+
+fn actor_use(
+    config: &RunConfig,
+    stage: &StageConfig,
+    model: &ModelConfig,
+    reward_model: Option<&ModelConfig>,
+    index: usize,
+    device: Device,
+    opts: &PlanOptions,
+) -> ProcessUse {
+    let mm = MemoryModel::new(model, dtype_bytes(config.model.dtype, device));
+    let slots = config.actor.gen_batch.max(1);
+    let mut items = vec![Item {
+        what: format!("policy weights ({})", mm.dtype_name()),
+        bytes: mm.weights(),
+    }];
+    items.extend(mm.decode(slots, opts.prompt_tokens, max_response(config, stage)));
+    if let Some(rm) = reward_model {
+        let rm = MemoryModel::new(rm, dtype_bytes(config.model.dtype, device));
+        items.push(Item {
+            what: format!("reward model weights ({})", rm.dtype_name()),
+            bytes: rm.weights(),
+        });
+    }
+    ProcessUse {
+        process: format!("actor {index}"),
+        device,
+        items,
+    }
+}
+
+fn device_uses(processes: &[ProcessUse], opts: &PlanOptions, config: &RunConfig) -> Vec<DeviceUse> {
+    let mut used: BTreeMap<Device, u64> = BTreeMap::new();
+    for p in processes {
+        *used.entry(p.device).or_default() += p.total();
+    }
+    used.into_iter()
+        .map(|(device, used)| {
+            let capacity = opts.capacity.get(&device).copied();
+            let usable = capacity.map(|c| (c as f64 * (1.0 - opts.headroom)) as u64);
+            let fits = usable.map(|u| used <= u);
+            let advice = match (fits, usable) {
+                (Some(false), Some(usable)) => advise(processes, device, usable, config),
+                _ => Vec::new(),
+            };
+            DeviceUse {
+                device,
+                used,
+                capacity,
+                usable,
+                fits,
+                advice,
+            }
+        })
+        .collect()
+}
+
+/// The knobs that would bring `device` under `usable`, most effective first.
+fn advise(processes: &[ProcessUse], device: Device, usable: u64, config: &RunConfig) -> Vec<String> {
+    let on: Vec<&ProcessUse> = processes.iter().filter(|p| p.device == device).collect();
+    let total: u64 = on.iter().map(|p| p.total()).sum();
+    let over = total.saturating_sub(usable);
+    let mut advice = vec![format!("{} over", format_bytes(over))];
+    let sum = |p: &ProcessUse, key: &str| -> u64 {
+        p.items
+            .iter()
+            .filter(|i| i.what.starts_with(key))
+            .map(|i| i.bytes)
+            .sum()
+    };
+    for p in &on {
+        if p.process == "learner" {
+            let state: u64 = p
+                .items
+                .iter()
+                .filter(|i| !i.what.starts_with("activations") && !i.what.starts_with("KL"))
+                .map(|i| i.bytes)
+                .sum();
+            if state > usable {
+                advice.push(format!(
+                    "the learner's weights, gradients and optimizer state alone need {}: the \
+                     learner keeps all of them on its one device (sharding them over several \
+                     learner devices is not implemented yet); use a smaller model or a device \
+                     with more memory",
+                    format_bytes(state)
+                ));
+            }
+            let act = sum(p, "activations");
+            if act > 0 && act >= over {
+                advice.push(format!(
+                    "the learner's activations take {}: lower learner.micro_batch (now {}), the \
+                     stage's token_budget (SFT) or max_response_tokens (RL)",
+                    format_bytes(act),
+                    config.learner.micro_batch
+                ));
+            }
+        } else {
+            let kv = sum(p, "KV cache") + sum(p, "prefill");
+            if kv > 0 && kv >= over / on.len().max(1) as u64 {
+                let per_slot = kv / config.actor.gen_batch.max(1) as u64;
+                let fixed = p.total() - kv;
+                let share = usable / on.len().max(1) as u64;
+                let slots = share.saturating_sub(fixed) / per_slot.max(1);
+                advice.push(format!(
+                    "{}: KV cache and prefill take {} at actor.gen_batch = {}; at most {} \
+                     fit{}",
+                    p.process,
+                    format_bytes(kv),
+                    config.actor.gen_batch,
+                    slots,
+                    if on.len() > 1 {
+                        " with the device shared evenly"
+                    } else {
+                        ""
+                    }
+                ));
+            }
+        }
+    }
+    if on.len() > 1 {
+        advice.push(format!(
+            "{} processes share {device}: give them separate devices ([devices])",
+            on.len()
+        ));
+    }
+    advice
+}

@@ -1,0 +1,216 @@
+//! Bytes of what the learner and the actors keep alive, counted from the code that allocates
+//! them (`shared/src/model/{causal_lm,layers,decode}.rs`, `learner/src/optim.rs`).
+
+use crate::model::ModelConfig;
+
+use super::Item;
+
+/// Which training-forward path the learner takes on its device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ActivationModel {
+    /// The fused attention keeps no `t × t` tensor; the unfused one keeps the scores and the
+    /// probabilities of every layer.
+    pub fused_attention: bool,
+}
+
+/// The byte arithmetic of one architecture at one in-memory dtype.
+#[derive(Debug, Clone)]
+pub struct MemoryModel {
+    params: u64,
+    b: u64,
+    h: u64,
+    q: u64,
+    kv: u64,
+    heads: u64,
+    inter: u64,
+    vocab: u64,
+    layers: u64,
+    head_dim: u64,
+    qk_norm: bool,
+    max_len: usize,
+}
+
+impl MemoryModel {
+    /// The model `cfg` held in a dtype of `dtype_bytes` bytes per element.
+    pub fn new(cfg: &ModelConfig, dtype_bytes: u64) -> MemoryModel {
+        let hd = cfg.head_dim() as u64;
+        MemoryModel {
+            params: cfg.num_parameters() as u64,
+            b: dtype_bytes,
+            h: cfg.hidden_size as u64,
+            q: cfg.num_attention_heads as u64 * hd,
+            kv: cfg.num_kv_heads() as u64 * hd,
+            heads: cfg.num_attention_heads as u64,
+            inter: cfg.intermediate_size as u64,
+            vocab: cfg.vocab_size as u64,
+            layers: cfg.num_hidden_layers as u64,
+            head_dim: hd,
+            qk_norm: cfg.qk_norm(),
+            max_len: cfg.max_position_embeddings,
+        }
+    }
+
+    /// The longest sequence the model takes (`max_position_embeddings`): no row is longer.
+    pub fn max_len(&self) -> usize {
+        self.max_len
+    }
+
+    /// `bf16`, `f16`-sized or `f32`.
+    pub fn dtype_name(&self) -> &'static str {
+        if self.b == 4 {
+            "f32"
+        } else {
+            "bf16"
+        }
+    }
+
+    /// The weights, once.
+    pub fn weights(&self) -> u64 {
+        self.params * self.b
+    }
+
+    /// What the learner holds whatever the stage (`AdamW` in `learner/src/optim.rs`): the model's
+    /// weights, an f32 master copy when the model is not f32, the f32 moments `m` and `v`, the
+    /// f32 gradient accumulator, and one micro-batch's gradients in the model's dtype while they
+    /// are added to it.
+    pub fn learner_state(&self) -> Vec<Item> {
+        let p = self.params;
+        let mut items = vec![Item {
+            what: format!("weights ({}, {p} parameters)", self.dtype_name()),
+            bytes: self.weights(),
+        }];
+        if self.b != 4 {
+            items.push(Item {
+                what: "f32 master weights".into(),
+                bytes: 4 * p,
+            });
+        }
+        items.push(Item {
+            what: "Adam moments (f32 m and v)".into(),
+            bytes: 8 * p,
+        });
+        items.push(Item {
+            what: "gradient accumulator (f32)".into(),
+            bytes: 4 * p,
+        });
+        items.push(Item {
+            what: format!("one micro-batch's gradients ({})", self.dtype_name()),
+            bytes: self.weights(),
+        });
+        items
+    }
+
+    /// Bytes an RMSNorm over `n` features keeps per token in training mode: the f32 copy of its
+    /// input (when the model is not f32), the squares, the normalised f32 values, their cast back
+    /// and the scaled output.
+    fn norm(&self, n: u64) -> u64 {
+        let cast = if self.b != 4 { 4 + self.b } else { 0 };
+        n * (4 + 4 + self.b + cast)
+    }
+
+    /// Bytes one decoder layer keeps per token for backward, without the attention scores:
+    /// the input norm, the q/k/v projections, the q/k norms (Qwen3), their head-major copies, the
+    /// rotary halves and their concatenation, the attention output and its token-major copy
+    /// (plus the log-sum-exp of the fused op), the output projection, the residual, the
+    /// post-attention norm, the MLP's gate, SiLU, up, product and down projection, and the second
+    /// residual.
+    pub fn layer_bytes_per_token(&self) -> u64 {
+        let (b, h, q, kv) = (self.b, self.h, self.q, self.kv);
+        let qk_norm = if self.qk_norm {
+            self.norm(q) + self.norm(kv)
+        } else {
+            0
+        };
+        self.norm(h) * 2
+            + b * (q + 2 * kv) // projections
+            + qk_norm
+            + b * (q + 2 * kv) // head-major copies
+            + 4 * b * (q + kv) // rotary: four half-width products/sums and the cat
+            + 2 * b * q + 4 * self.heads // attention output, its copy, log-sum-exp
+            + 4 * b * h // o_proj, residual, down, residual
+            + 4 * b * self.inter // gate, SiLU, up, product
+    }
+
+    /// Bytes per `(query, key)` pair of one layer's unfused attention, kept for backward: the
+    /// scores, scaled, in f32, with the mask added, shifted, exponentiated, normalised, and cast
+    /// back, over all heads.
+    fn unfused_pair_bytes(&self) -> u64 {
+        let cast = if self.b != 4 { 4 + self.b } else { 0 };
+        self.heads * (2 * self.b + 4 * 4 + cast)
+    }
+
+    /// Bytes per token of the LM head and log-probs as `CausalLm::token_logprobs` computes them
+    /// today: the hidden states' contiguous copy, the logits in the model's dtype and in f32, and
+    /// the shifted and exponentiated f32 rows of `gather_logprobs`.
+    fn head_bytes_per_token(&self) -> u64 {
+        let cast = if self.b != 4 { 4 * self.vocab } else { 0 };
+        self.b * self.h + self.b * self.vocab + cast + 8 * self.vocab
+    }
+
+    /// Activations of one training micro-batch of `rows` rows of `tokens` tokens.
+    pub fn training_activations(&self, rows: usize, tokens: usize, act: ActivationModel) -> Vec<Item> {
+        let (rows, t) = (rows as u64, tokens.min(self.max_len) as u64);
+        let n = rows * t;
+        let mut items = vec![Item {
+            what: format!(
+                "activations: {} layers × {rows} × {t} tokens kept for backward",
+                self.layers
+            ),
+            bytes: n
+                * (self.layers * self.layer_bytes_per_token()
+                    + self.b * self.h // embedding output
+                    + self.norm(self.h) // final norm
+                    + self.b * self.head_dim), // rotary tables
+        }];
+        if !act.fused_attention {
+            items.push(Item {
+                what: format!(
+                    "activations: unfused attention scores, {} layers × {rows} × {t}² pairs",
+                    self.layers
+                ),
+                bytes: rows * t * t * (self.layers * self.unfused_pair_bytes() + 4),
+            });
+        }
+        items.push(Item {
+            what: format!("activations: LM head and log-probs, {rows} × {t} × {} vocabulary", self.vocab),
+            bytes: n * self.head_bytes_per_token(),
+        });
+        items.push(Item {
+            what: "activations: backward's gradients in flight (the LM head's, the largest)".into(),
+            bytes: n * 8 * self.vocab,
+        });
+        items
+    }
+
+    /// What one actor's decoding adds to its weights: the KV cache of `slots` rows of
+    /// `prompt + response` tokens (twice while the batch is rebuilt around new rows: the old
+    /// and new buffers are both alive), the prefill of `slots` prompts at once (unfused attention
+    /// in inference: scores, their f32 copy with the mask, the probabilities and their cast, one
+    /// layer at a time, plus the mask), and the logits of a step.
+    pub fn decode(&self, slots: usize, prompt: usize, response: usize) -> Vec<Item> {
+        let prompt = prompt.min(self.max_len);
+        let response = response.min(self.max_len - prompt);
+        let (s, p) = (slots as u64, prompt as u64);
+        let per_token_kv = self.layers * 2 * self.kv * self.b;
+        let kv = s * (p + response as u64) * per_token_kv;
+        let cast = if self.b != 4 { 4 + self.b } else { 0 };
+        vec![
+            Item {
+                what: format!(
+                    "KV cache: {s} rows × {} tokens × {} per token, ×2 while rebuilt",
+                    p + response as u64,
+                    super::format_bytes(per_token_kv)
+                ),
+                bytes: 2 * kv,
+            },
+            Item {
+                what: format!("prefill of {s} prompts × {p}² attention pairs (one layer at a time)"),
+                bytes: s * p * p * (self.heads * (2 * self.b + 4 + cast) + 4),
+            },
+            Item {
+                what: format!("logits: {s} rows × {} vocabulary (f32, twice)", self.vocab),
+                bytes: s * self.vocab * 8,
+            },
+        ]
+    }
+}

@@ -1,0 +1,133 @@
+//! The memory plan against figures we did not compute with it: Qwen3-8B's published parameter
+//! count, the per-parameter state of AdamW with an f32 master (SCALE.md), the 8B KV cache per
+//! token, and the verdicts for the 8B recipe on one H200 and for the tiny default.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use cascade_shared::config::{Device, RunConfig};
+use cascade_shared::model::ModelConfig;
+use cascade_shared::plan::{plan, Plan, PlanOptions};
+
+const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+
+fn qwen3_8b() -> ModelConfig {
+    ModelConfig::from_file(&Path::new(ROOT).join("tests/fixtures/plan/qwen3-8b-config.json"))
+        .unwrap()
+}
+
+fn tiny() -> ModelConfig {
+    ModelConfig::from_file(&Path::new(ROOT).join("configs/tiny-model.json")).unwrap()
+}
+
+fn config(name: &str) -> RunConfig {
+    let path = Path::new(ROOT).join("configs").join(name);
+    let text = std::fs::read_to_string(&path).unwrap();
+    RunConfig::parse(&text, name, path.parent().unwrap(), &[]).unwrap()
+}
+
+fn options(capacity: &[(Device, u64)]) -> PlanOptions {
+    PlanOptions {
+        prompt_tokens: 2048,
+        capacity: capacity.iter().copied().collect(),
+        headroom: 0.05,
+    }
+}
+
+fn item(plan: &Plan, stage: &str, process: &str, what: &str) -> u64 {
+    let s = plan.stages.iter().find(|s| s.stage == stage).unwrap();
+    let p = s.processes.iter().find(|p| p.process == process).unwrap();
+    p.items
+        .iter()
+        .filter(|i| i.what.starts_with(what))
+        .map(|i| i.bytes)
+        .sum()
+}
+
+const H200: u64 = 141_000_000_000;
+
+#[test]
+fn qwen3_8b_has_its_published_parameter_count() {
+    // Hugging Face's model card: 8.2B parameters; the safetensors index of Qwen/Qwen3-8B
+    // holds 8 190 735 360 elements.
+    assert_eq!(qwen3_8b().num_parameters(), 8_190_735_360);
+}
+
+#[test]
+fn the_8b_recipe_on_one_h200_learner_does_not_fit_and_says_why() {
+    let cfg = config("qwen3-8b-base.toml");
+    let gpus: Vec<(Device, u64)> = (0..8).map(|i| (Device::Cuda(i), H200)).collect();
+    let p = plan(&cfg, &qwen3_8b(), &BTreeMap::new(), &options(&gpus));
+    let params = 8_190_735_360u64;
+    // bf16 weights 2 + f32 master 4 + m, v 8 + f32 accumulator 4 + bf16 micro-batch grads 2.
+    let state: u64 = ["weights", "f32 master", "Adam", "gradient acc", "one micro-batch"]
+        .iter()
+        .map(|w| item(&p, "sft-16k", "learner", w))
+        .sum();
+    assert_eq!(state, 20 * params);
+    assert!(!p.fits());
+    let sft = &p.stages[0];
+    let learner = sft.devices.iter().find(|d| d.device == Device::Cuda(7)).unwrap();
+    assert_eq!(learner.fits, Some(false));
+    assert!(
+        learner.advice.iter().any(|a| a.contains("alone need") && a.contains("sharding")),
+        "{:?}",
+        learner.advice
+    );
+    // The KL reference model is counted only where kl_coef > 0 (rlhf).
+    assert_eq!(item(&p, "rlhf", "learner", "KL reference"), 2 * params);
+    assert_eq!(item(&p, "if", "learner", "KL reference"), 0);
+    // SFT stages have no actors.
+    assert_eq!(sft.processes.len(), 1);
+    assert!(p.render().contains("DOES NOT FIT"));
+}
+
+#[test]
+fn the_8b_actor_kv_cache_is_147_kb_per_token() {
+    let cfg = config("qwen3-8b-base.toml");
+    let gpus: Vec<(Device, u64)> = (0..8).map(|i| (Device::Cuda(i), H200)).collect();
+    let p = plan(&cfg, &qwen3_8b(), &BTreeMap::new(), &options(&gpus));
+    // 36 layers × 8 kv heads × 128 × (k, v) × 2 bytes = 147 456 bytes per token (SCALE.md);
+    // code: 64 rows × min(2048 + 40960, 40960) tokens, twice while the batch is rebuilt.
+    let kv = item(&p, "code", "actor 0", "KV cache");
+    assert_eq!(kv, 2 * 64 * 40_960 * 147_456);
+    let code = p.stages.iter().find(|s| s.stage == "code").unwrap();
+    let actor = code.devices.iter().find(|d| d.device == Device::Cuda(0)).unwrap();
+    assert_eq!(actor.fits, Some(false), "64 rows of 40K tokens do not fit an H200");
+    assert!(
+        actor.advice.iter().any(|a| a.contains("actor.gen_batch = 64")),
+        "{:?}",
+        actor.advice
+    );
+}
+
+#[test]
+fn the_tiny_default_fits_a_laptop_and_processes_on_one_device_add_up() {
+    let cfg = config("tiny.toml");
+    let p = plan(&cfg, &tiny(), &BTreeMap::new(), &options(&[(Device::Cpu, 8 << 30)]));
+    assert!(p.fits(), "{}", p.render());
+    let rl = p.stages.iter().find(|s| s.stage != "sft" && s.processes.len() > 1).unwrap();
+    let total: u64 = rl.processes.iter().map(|p| p.total()).sum();
+    assert_eq!(rl.devices.len(), 1);
+    assert_eq!(rl.devices[0].used, total);
+    // Rows never exceed the model's context (1024 tokens), whatever --prompt-tokens says.
+    let long = PlanOptions {
+        prompt_tokens: 1 << 20,
+        ..options(&[(Device::Cpu, 8 << 30)])
+    };
+    let q = plan(&cfg, &tiny(), &BTreeMap::new(), &long);
+    assert!(q.render().contains("× 1024 tokens"), "{}", q.render());
+    // And a device that is too small is reported with what to change.
+    let small = plan(&cfg, &tiny(), &BTreeMap::new(), &options(&[(Device::Cpu, 20 << 20)]));
+    assert!(!small.fits());
+    assert!(small.stages.iter().flat_map(|s| &s.devices).any(|d| !d.advice.is_empty()));
+}
+
+#[test]
+fn unknown_memory_is_not_a_fit() {
+    let cfg = config("tiny.toml");
+    let p = plan(&cfg, &tiny(), &BTreeMap::new(), &options(&[]));
+    assert!(!p.fits());
+    assert_eq!(p.unknown_devices(), vec![Device::Cpu]);
+    assert!(p.render().contains("--device-memory"));
+}
