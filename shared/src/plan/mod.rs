@@ -267,6 +267,9 @@ fn learner_rows(config: &RunConfig, stage: &StageConfig, opts: &PlanOptions) -> 
     let micro = config.learner.micro_batch.max(1);
     match stage.kind {
         StageKind::Sft => (micro, stage.token_budget.unwrap_or(DEFAULT_SFT_TOKEN_BUDGET)),
+        // Packed GRPO rows hold at most `learner.token_budget` tokens; unpacked, a row is one
+        // sample padded to the longest of its micro-batch.
+        _ if config.learner.token_budget > 0 => (micro, config.learner.token_budget),
         _ => (micro, opts.prompt_tokens + max_response(config, stage)),
     }
 }
