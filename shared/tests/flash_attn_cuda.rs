@@ -37,7 +37,12 @@ fn host(x: &Tensor) -> Result<Vec<f32>> {
 /// Max |a - b| over max |b| (at least 0.01, for gradients that are zero up to rounding);
 /// non-finite values must match exactly.
 fn rel_err(a: &[f32], b: &[f32], what: &str) -> Result<f32> {
-    ensure!(a.len() == b.len(), "{what}: {} vs {} values", a.len(), b.len());
+    ensure!(
+        a.len() == b.len(),
+        "{what}: {} vs {} values",
+        a.len(),
+        b.len()
+    );
     let (mut diff, mut scale) = (0f32, 0f32);
     for (i, (&x, &y)) in a.iter().zip(b).enumerate() {
         if !y.is_finite() {
@@ -64,8 +69,18 @@ fn run(
         g.to_device(device)?,
     );
     let (out, lse) = flash_attn_lse(&q, &k, &v, segments, None)?;
-    let (qv, kv, vv) = (Var::from_tensor(&q)?, Var::from_tensor(&k)?, Var::from_tensor(&v)?);
-    let o = flash_attn(qv.as_tensor(), kv.as_tensor(), vv.as_tensor(), segments, None)?;
+    let (qv, kv, vv) = (
+        Var::from_tensor(&q)?,
+        Var::from_tensor(&k)?,
+        Var::from_tensor(&v)?,
+    );
+    let o = flash_attn(
+        qv.as_tensor(),
+        kv.as_tensor(),
+        vv.as_tensor(),
+        segments,
+        None,
+    )?;
     let grads = (o.to_dtype(DType::F32)? * g.to_dtype(DType::F32)?)?
         .sum_all()?
         .backward()?;
@@ -81,8 +96,22 @@ fn gpu_matches_cpu_op() -> Result<()> {
     let cases: Vec<(&str, usize, usize, usize, usize, Rows)> = vec![
         ("t=1", 2, 1, 1, 64, vec![vec![(0, 1)]]),
         ("t=63 gqa", 4, 2, 63, 64, vec![vec![(0, 63)]]),
-        ("t=64 d=128 left pad", 2, 2, 64, 128, vec![vec![(0, 64)], vec![(9, 64)]]),
-        ("t=65 d=40 packed", 3, 1, 65, 40, vec![vec![(0, 20), (20, 21), (21, 65)]]),
+        (
+            "t=64 d=128 left pad",
+            2,
+            2,
+            64,
+            128,
+            vec![vec![(0, 64)], vec![(9, 64)]],
+        ),
+        (
+            "t=65 d=40 packed",
+            3,
+            1,
+            65,
+            40,
+            vec![vec![(0, 20), (20, 21), (21, 65)]],
+        ),
         (
             "t=1000 d=128 packed/left/right/empty",
             16,
@@ -111,12 +140,18 @@ fn gpu_matches_cpu_op() -> Result<()> {
             let cpu = run(&Device::Cpu, args, &segments)?;
             let gpu = run(&dev, args, &segments)?;
             let mut errs = Vec::new();
-            for (what, (a, b)) in ["O", "L", "dQ", "dK", "dV"].iter().zip(gpu.iter().zip(&cpu)) {
+            for (what, (a, b)) in ["O", "L", "dQ", "dK", "dV"]
+                .iter()
+                .zip(gpu.iter().zip(&cpu))
+            {
                 errs.push((*what, rel_err(a, b, what)?));
             }
             eprintln!("{name} {dtype:?}: relative errors {errs:?}");
             for (what, err) in errs {
-                ensure!(err <= tol, "{name} {dtype:?}: {what} off by {err:e} (tol {tol:e})");
+                ensure!(
+                    err <= tol,
+                    "{name} {dtype:?}: {what} off by {err:e} (tol {tol:e})"
+                );
             }
         }
     }
@@ -155,11 +190,26 @@ fn gpu_flash_attn_benchmark() -> Result<()> {
                 .to_dtype(DType::BF16)?
                 .to_device(&dev)?)
         };
-        let (q, k, v, g) = (mk(&mut rng, h)?, mk(&mut rng, kvh)?, mk(&mut rng, kvh)?, mk(&mut rng, h)?);
-        let (qv, kv, vv) = (Var::from_tensor(&q)?, Var::from_tensor(&k)?, Var::from_tensor(&v)?);
+        let (q, k, v, g) = (
+            mk(&mut rng, h)?,
+            mk(&mut rng, kvh)?,
+            mk(&mut rng, kvh)?,
+            mk(&mut rng, h)?,
+        );
+        let (qv, kv, vv) = (
+            Var::from_tensor(&q)?,
+            Var::from_tensor(&k)?,
+            Var::from_tensor(&v)?,
+        );
         let fwd = || flash_attn(&q, &k, &v, &segments, None);
         let fwd_bwd = || -> Result<()> {
-            let o = flash_attn(qv.as_tensor(), kv.as_tensor(), vv.as_tensor(), &segments, None)?;
+            let o = flash_attn(
+                qv.as_tensor(),
+                kv.as_tensor(),
+                vv.as_tensor(),
+                &segments,
+                None,
+            )?;
             let grads = (o * &g)?.sum_all()?.backward()?;
             ensure!(grads.get(qv.as_tensor()).is_some(), "no gradient");
             Ok(())

@@ -115,7 +115,14 @@ fn emulated(
     let (seg_off, segs) = segments.device_arrays();
     let mut input = Vec::new();
     let code: u32 = if dtype == DType::F32 { 0 } else { 1 };
-    for x in [code, b as u32, heads as u32, kv_heads as u32, t as u32, d as u32] {
+    for x in [
+        code,
+        b as u32,
+        heads as u32,
+        kv_heads as u32,
+        t as u32,
+        d as u32,
+    ] {
         input.extend(x.to_le_bytes());
     }
     input.extend(scale.to_le_bytes());
@@ -145,7 +152,11 @@ fn emulated(
     let dq = take(&buf, &mut at, nq, dtype);
     let dk = take(&buf, &mut at, nk, dtype);
     let dv = take(&buf, &mut at, nk, dtype);
-    ensure!(at == buf.len(), "output has {} bytes, expected {at}", buf.len());
+    ensure!(
+        at == buf.len(),
+        "output has {} bytes, expected {at}",
+        buf.len()
+    );
     Ok(Outputs {
         out,
         lse,
@@ -158,7 +169,12 @@ fn emulated(
 /// Max |a - b| over max |b| (at least 0.01, for gradients that are zero up to rounding, as
 /// with a single key); exact match required where `b` is not finite.
 fn rel_err(a: &[f32], b: &[f32], what: &str) -> Result<f32> {
-    ensure!(a.len() == b.len(), "{what}: {} vs {} values", a.len(), b.len());
+    ensure!(
+        a.len() == b.len(),
+        "{what}: {} vs {} values",
+        a.len(),
+        b.len()
+    );
     let (mut diff, mut scale) = (0f32, 0f32);
     for (i, (&x, &y)) in a.iter().zip(b).enumerate() {
         if !y.is_finite() {
@@ -191,8 +207,18 @@ fn check(case: &Case, dtype: DType, threads: u32, seed: u64) -> Result<()> {
 
     // CPU: O and L from the forward, gradients through autograd with dO = g.
     let (out_cpu, lse_cpu) = flash_attn_lse(&q, &k, &v, &segments, Some(scale))?;
-    let (qv, kv, vv) = (Var::from_tensor(&q)?, Var::from_tensor(&k)?, Var::from_tensor(&v)?);
-    let out = flash_attn(qv.as_tensor(), kv.as_tensor(), vv.as_tensor(), &segments, Some(scale))?;
+    let (qv, kv, vv) = (
+        Var::from_tensor(&q)?,
+        Var::from_tensor(&k)?,
+        Var::from_tensor(&v)?,
+    );
+    let out = flash_attn(
+        qv.as_tensor(),
+        kv.as_tensor(),
+        vv.as_tensor(),
+        &segments,
+        Some(scale),
+    )?;
     let loss = (out.to_dtype(DType::F32)? * g.to_dtype(DType::F32)?)?.sum_all()?;
     let grads = loss.backward()?;
     let grad = |x: &Var| -> Result<Vec<f32>> {

@@ -33,9 +33,11 @@ pub fn nvrtc_available() -> bool {
 /// Compiles `flash_attn.cu` to PTX text; the error is NVRTC's log.
 pub fn compile_ptx() -> Result<String, String> {
     if !nvrtc_available() {
-        return Err("libnvrtc.so.13 not found (run scripts/setup-nvrtc.sh and put its lib dir on \
+        return Err(
+            "libnvrtc.so.13 not found (run scripts/setup-nvrtc.sh and put its lib dir on \
                     LD_LIBRARY_PATH)"
-            .into());
+                .into(),
+        );
     }
     let opts = CompileOptions {
         options: NVRTC_OPTIONS.iter().map(|s| s.to_string()).collect(),
@@ -201,7 +203,11 @@ pub fn launch_forward<T: DeviceRepr>(
 }
 
 /// Inputs of the backward that have the query shape: `q`, the forward's `O` and `dO`.
-pub type QueryInputs<'a, 'b, T> = (&'a CudaView<'b, T>, &'a CudaView<'b, T>, &'a CudaView<'b, T>);
+pub type QueryInputs<'a, 'b, T> = (
+    &'a CudaView<'b, T>,
+    &'a CudaView<'b, T>,
+    &'a CudaView<'b, T>,
+);
 
 /// Enqueues the backward: `dq` (like q), `dk`, `dv` (like k) are written in full; `delta`
 /// (`b * heads * t` f32) is scratch. `dq_func` and `dkdv_func` are the [`Kernel::Dq`] and
@@ -224,10 +230,20 @@ pub fn launch_backward<T: DeviceRepr>(
 ) -> candle_core::Result<()> {
     let tiles = dims.tiles()?;
     let [heads, kv_heads, t, d] = dims.args()?;
-    for (what, len) in [("q", q.len()), ("O", o.len()), ("dO", d_o.len()), ("dq", dq.len())] {
+    for (what, len) in [
+        ("q", q.len()),
+        ("O", o.len()),
+        ("dO", d_o.len()),
+        ("dq", dq.len()),
+    ] {
         check_len(what, len, dims.q_len())?;
     }
-    for (what, len) in [("k", k.len()), ("v", v.len()), ("dk", dk.len()), ("dv", dv.len())] {
+    for (what, len) in [
+        ("k", k.len()),
+        ("v", v.len()),
+        ("dk", dk.len()),
+        ("dv", dv.len()),
+    ] {
         check_len(what, len, dims.kv_len())?;
     }
     check_len("lse", lse.len(), dims.rows())?;

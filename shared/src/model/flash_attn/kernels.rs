@@ -162,7 +162,10 @@ mod tests {
         assert_eq!(Tiles::for_head_dim(128).unwrap().dmax, 128);
         assert_eq!(Tiles::for_head_dim(129), None);
         let t = Tiles::for_head_dim(128).unwrap();
-        assert_eq!(t.entry(Kernel::DkDv, KernelDtype::Bf16), "fa_dkdv_bf16_d128");
+        assert_eq!(
+            t.entry(Kernel::DkDv, KernelDtype::Bf16),
+            "fa_dkdv_bf16_d128"
+        );
         assert_eq!(t.grid(Kernel::Forward, 2, 4, 2, 65), 2 * 4 * 3);
         assert_eq!(t.grid(Kernel::DkDv, 2, 4, 2, 65), 2 * 2 * 5);
     }

@@ -267,10 +267,11 @@ pub fn flash_attn_lse(
     let scale = scale.unwrap_or(1.0 / (d as f32).sqrt());
     let op = FlashAttn::new(segments.clone(), scale);
     let slot = op.lse_slot();
-    let out = q
-        .detach()
-        .contiguous()?
-        .apply_op3_no_bwd(&k.detach().contiguous()?, &v.detach().contiguous()?, &op)?;
+    let out = q.detach().contiguous()?.apply_op3_no_bwd(
+        &k.detach().contiguous()?,
+        &v.detach().contiguous()?,
+        &op,
+    )?;
     let lse = match slot.get() {
         Some(saved) => saved.to_host()?,
         None => candle_core::bail!("flash_attn_lse: the forward stored no log-sum-exp"),

@@ -282,9 +282,7 @@ impl FlashAttnBwd {
         let (dq, rest) = grads.split_at_mut(n);
         let (dk, dv) = rest.split_at_mut(k.len());
         let table = self.segments.position_table();
-        cpu::backward(
-            q, k, v, o, d_o, lse, dims, &table, self.scale, dq, dk, dv,
-        );
+        cpu::backward(q, k, v, o, d_o, lse, dims, &table, self.scale, dq, dk, dv);
         let len = grads.len();
         Ok((wrap(grads), Shape::from(len)))
     }

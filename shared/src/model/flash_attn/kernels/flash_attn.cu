@@ -127,7 +127,7 @@ __device__ __forceinline__ void fa_load_tile(float (*dst)[DMAX + 1], const T* sr
 template <int DMAX>
 __device__ __forceinline__ float fa_dot(const float* a, const float* b) {
     float s = 0.0f;
-#pragma unroll 16
+#pragma unroll 8
     for (int c = 0; c < DMAX; ++c) s += a[c] * b[c];
     return s;
 }
@@ -222,14 +222,17 @@ __device__ __forceinline__ void fa_fwd(const T* q, const T* k, const T* v,
             }
         }
         __syncthreads();
-        // acc = acc * corr + P V.
+        // acc = acc * corr + P V. Keys outermost and not unrolled, accumulators unrolled (in
+        // registers): small code, the same summation order per element.
 #pragma unroll
-        for (int a = 0; a < ACC; ++a) {
-            const unsigned int e = tid + a * THREADS;
-            const unsigned int r = e / DMAX, c = e % DMAX;
-            float x = acc[a] * corr[r];
-            for (int j = 0; j < BN; ++j) x += ss[r][j] * vs[j][c];
-            acc[a] = x;
+        for (int a = 0; a < ACC; ++a) acc[a] *= corr[(tid + a * THREADS) / DMAX];
+#pragma unroll 1
+        for (int j = 0; j < BN; ++j) {
+#pragma unroll
+            for (int a = 0; a < ACC; ++a) {
+                const unsigned int e = tid + a * THREADS;
+                acc[a] += ss[e / DMAX][j] * vs[j][e % DMAX];
+            }
         }
         __syncthreads();
     }
@@ -337,13 +340,13 @@ __device__ __forceinline__ void fa_dq(const T* q, const T* k, const T* v, const 
             ds[r][j] = x;
         }
         __syncthreads();
+#pragma unroll 1
+        for (int j = 0; j < BN; ++j) {
 #pragma unroll
-        for (int a = 0; a < ACC; ++a) {
-            const unsigned int e = tid + a * THREADS;
-            const unsigned int r = e / DMAX, c = e % DMAX;
-            float x = acc[a];
-            for (int j = 0; j < BN; ++j) x += ds[r][j] * ks[j][c];
-            acc[a] = x;
+            for (int a = 0; a < ACC; ++a) {
+                const unsigned int e = tid + a * THREADS;
+                acc[a] += ds[e / DMAX][j] * ks[j][e % DMAX];
+            }
         }
         __syncthreads();
     }
@@ -441,17 +444,15 @@ __device__ __forceinline__ void fa_dkdv(const T* q, const T* k, const T* v, cons
                 ds[r][j] = x;
             }
             __syncthreads();
+#pragma unroll 1
+            for (int r = 0; r < BM; ++r) {
 #pragma unroll
-            for (int a = 0; a < ACC; ++a) {
-                const unsigned int e = tid + a * THREADS;
-                const unsigned int j = e / DMAX, c = e % DMAX;
-                float xk = dk_acc[a], xv = dv_acc[a];
-                for (int r = 0; r < BM; ++r) {
-                    xv += ps[r][j] * gs[r][c];
-                    xk += ds[r][j] * qs[r][c];
+                for (int a = 0; a < ACC; ++a) {
+                    const unsigned int e = tid + a * THREADS;
+                    const unsigned int j = e / DMAX, c = e % DMAX;
+                    dv_acc[a] += ps[r][j] * gs[r][c];
+                    dk_acc[a] += ds[r][j] * qs[r][c];
                 }
-                dk_acc[a] = xk;
-                dv_acc[a] = xv;
             }
             __syncthreads();
         }
