@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU host (no Rust, no network) with what scripts/build-gpu.sh packed into DIR:
-# the CUDA test binaries, the GPU sampler and engine benchmarks, then a short `cascade run`
+# the CUDA test binaries (sampler, engine, fused attention against the CPU op), the GPU sampler,
+# engine and fused-attention benchmarks, then a short `cascade run`
 # (the tiny default, 3 steps a stage) with learner and actor on cuda:0. Writes results.md,
 # gpu-check.log and logs.tar.gz (every step's log and table) under $OUT: the device tool
 # brings back at most 8 files.
@@ -79,6 +80,14 @@ if [ -x "$WORK/engine_cuda" ]; then
   export ENGINE_BENCH_OUT=$LOGS/engine_gpu.md
   step engine-gpu-bench 240 actor "$WORK/engine_cuda" --ignored --exact gpu_engine_benchmark --nocapture
   [ -f "$LOGS/engine_gpu.md" ] && { echo; cat "$LOGS/engine_gpu.md"; } >> "$RESULTS"
+fi
+
+# Fused attention on the GPU (an ignored test in flash_attn_cuda): forward and forward+backward
+# times against the H200's bf16 FLOP bound; its table goes into results.md.
+if [ -x "$WORK/flash_attn_cuda" ]; then
+  export FLASH_ATTN_BENCH_OUT=$LOGS/flash_attn_gpu.md
+  step flash-attn-gpu-bench 180 shared "$WORK/flash_attn_cuda" --ignored --exact gpu_flash_attn_benchmark --nocapture
+  [ -f "$LOGS/flash_attn_gpu.md" ] && { echo; cat "$LOGS/flash_attn_gpu.md"; } >> "$RESULTS"
 fi
 
 # The whole cascade on the GPU, short: the embedded tiny default with 3 steps a stage, learner

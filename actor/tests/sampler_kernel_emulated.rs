@@ -1,8 +1,9 @@
 //! The CUDA sampler kernels (`src/sampler/kernels/sampler.cu`), compiled unchanged as C++ and run
-//! on the CPU by a small CUDA emulation (`tests/cuda_emu/`: every CUDA thread an OS thread,
-//! `__syncthreads` a barrier, warp shuffles through an exchange buffer, shared memory poisoned
-//! before each block), against the CPU reference on the same keys. GPU checks need a lent machine
-//! (`tests/sampler_cuda.rs`, run by `scripts/gpu-check.sh`); this one runs everywhere with a C++20
+//! on the CPU by a small CUDA emulation (`../tests/cuda_emu/`, shared with the fused-attention
+//! kernel's test: every CUDA thread an OS thread, `__syncthreads` a barrier, warp shuffles
+//! through an exchange buffer, shared memory poisoned before each block), against the CPU
+//! reference on the same keys. GPU checks need a lent machine (`tests/sampler_cuda.rs`, run by
+//! `scripts/gpu-check.sh`); this one runs everywhere with a C++20
 //! compiler and catches errors in the kernels' logic (thresholds, ties, masked tokens, the block
 //! scan of the draw, the non-finite rows) before they reach a GPU. It does not check what only
 //! the hardware decides: the NVRTC build of the device code, memory coalescing, speed.
@@ -12,12 +13,12 @@
 //! subset with the 1024 threads the CUDA sampler launches (all of them with `CASCADE_EMU_ALL=1`:
 //! about 5 minutes on 2 cores).
 
+#[path = "../../tests/cuda_emu/build.rs"]
+mod cuda_emu;
 mod golden;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Mutex;
 
 use cascade_actor::sampler::kernels::THREADS;
 use cascade_actor::sampler::launch::{flat_keys, philox_kat_input, KernelArgs};
@@ -29,49 +30,17 @@ const KERNEL: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/src/sampler/kernels/sampler.cu"
 );
-const EMU_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/cuda_emu");
+const DRIVER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sampler_emu.cpp");
 
 /// Builds the emulation binary for blocks of `threads` threads, once per test process.
 fn runner(threads: u32) -> PathBuf {
-    static BINS: Mutex<BTreeMap<u32, PathBuf>> = Mutex::new(BTreeMap::new());
-    let mut bins = BINS.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(bin) = bins.get(&threads) {
-        return bin.clone();
-    }
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cuda_emu");
-    std::fs::create_dir_all(&dir).unwrap();
-    // Built under a per-process name and renamed: test processes may run side by side.
-    let bin = dir.join(format!("run_kernel_{threads}"));
-    let building = dir.join(format!("run_kernel_{threads}.{}", std::process::id()));
-    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
-    let out = Command::new(&cxx)
-        .args([
-            "-std=c++20",
-            "-O2",
-            "-ffp-contract=off",
-            "-fno-fast-math",
-            "-pthread",
-        ])
-        .args(["-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas"])
-        .arg(format!("-DTHREADS={threads}"))
-        .arg("-include")
-        .arg(Path::new(EMU_DIR).join("cuda_emu.h"))
-        .arg(format!("-DKERNEL_SOURCE=\"{KERNEL}\""))
-        .arg(Path::new(EMU_DIR).join("run_kernel.cpp"))
-        .arg("-o")
-        .arg(&building)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!("cannot run the C++ compiler {cxx:?} ({e}); install g++ (C++20)")
-        });
-    assert!(
-        out.status.success(),
-        "the kernel does not build under the CPU emulation:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    std::fs::rename(&building, &bin).unwrap();
-    bins.insert(threads, bin.clone());
-    bin
+    cuda_emu::emulated_binary(
+        &format!("run_kernel_{threads}"),
+        Path::new(KERNEL),
+        Path::new(DRIVER),
+        &[format!("THREADS={threads}")],
+        Path::new(env!("CARGO_TARGET_TMPDIR")),
+    )
 }
 
 fn run(threads: u32, mode: &str, input: &[u8], tag: &str) -> Vec<u8> {

@@ -319,10 +319,11 @@ impl CausalLm {
     }
 
     /// Whether the full-sequence forward can use the fused attention on this device and dtype.
+    /// (The CPU kernel; the CUDA kernel when built with the `cuda` feature: f32/bf16, head dim
+    /// up to 128.)
     fn fused_attention(&self) -> bool {
         self.attention == AttentionImpl::Fused
-            && self.device.is_cpu()
-            && matches!(self.dtype, DType::F32 | DType::BF16 | DType::F16)
+            && super::flash_attn::supported(&self.device, self.dtype, self.cfg.head_dim())
     }
 
     /// The model's config.

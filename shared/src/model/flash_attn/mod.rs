@@ -14,15 +14,19 @@
 //! Grouped-query attention reads kv head `h / (n_heads / n_kv_heads)` for query head `h`,
 //! without repeating k/v.
 //!
-//! Only a CPU kernel exists ([`cpu`]); on other devices [`flash_attn`] is an error and the model
-//! keeps its unfused attention there.
+//! Kernels: the CPU ([`cpu`]: f32, bf16, f16) and, with the `cuda` feature, CUDA
+//! ([`kernels`] holds the source, [`cuda`] launches it; f32 and bf16, head dim up to 128). On
+//! other devices or dtypes [`flash_attn`] is an error and the model keeps its unfused attention.
 
 mod cpu;
+#[cfg(feature = "cuda-kernels")]
+pub mod cuda;
+pub mod kernels;
 mod op;
 
 use std::sync::Arc;
 
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Device, Tensor};
 
 pub use op::FlashAttn;
 
@@ -181,6 +185,23 @@ impl Segments {
             .collect()
     }
 
+    /// The segments as the CUDA kernels read them: `seg_off` (`batch + 1` entries; row `r`'s
+    /// segments are pairs `seg_off[r]..seg_off[r + 1]`) and `segs` (`start, end` pairs of all
+    /// rows, flattened). `segs` ends with one unused `(0, 0)` pair, so that it is never empty.
+    pub fn device_arrays(&self) -> (Vec<u32>, Vec<u32>) {
+        let mut seg_off = Vec::with_capacity(self.rows.len() + 1);
+        let mut segs = Vec::new();
+        seg_off.push(0u32);
+        for row in &self.rows {
+            for &(start, end) in row {
+                segs.extend([start as u32, end as u32]);
+            }
+            seg_off.push((segs.len() / 2) as u32);
+        }
+        segs.extend([0, 0]);
+        (seg_off, segs)
+    }
+
     /// Checks that these segments describe inputs of `batch` rows of `t` tokens.
     pub(crate) fn check_shape(&self, batch: usize, t: usize) -> Result<(), SegmentError> {
         if self.rows.len() != batch || self.len != t {
@@ -195,13 +216,29 @@ impl Segments {
     }
 }
 
+/// Whether [`flash_attn`] has a kernel for `dtype` and head dim `head_dim` on `device`: the CPU
+/// (f32, bf16, f16, any head dim) and, built with the `cuda` feature, CUDA (f32, bf16, head dim
+/// up to [`kernels::MAX_HEAD_DIM`]).
+pub fn supported(device: &Device, dtype: DType, head_dim: usize) -> bool {
+    match device {
+        Device::Cpu => matches!(dtype, DType::F32 | DType::BF16 | DType::F16),
+        Device::Cuda(_) => {
+            cfg!(feature = "cuda")
+                && matches!(dtype, DType::F32 | DType::BF16)
+                && (1..=kernels::MAX_HEAD_DIM).contains(&head_dim)
+        }
+        _ => false,
+    }
+}
+
 /// Fused causal attention with backward. `q` `(b, n_heads, t, d)`, `k`/`v`
-/// `(b, n_kv_heads, t, d)` with `n_heads` a multiple of `n_kv_heads`, all f32, bf16 or f16 on
-/// the CPU (f32 accumulation, output in the input dtype). `scale` defaults to `1 / sqrt(d)`.
-/// Returns `(b, n_heads, t, d)`; rows outside every segment are zero.
+/// `(b, n_kv_heads, t, d)` with `n_heads` a multiple of `n_kv_heads`, all of one dtype with a
+/// kernel on their device (see [`supported`]; f32 accumulation, output in the input dtype).
+/// `scale` defaults to `1 / sqrt(d)`. Returns `(b, n_heads, t, d)`; rows outside every segment
+/// are zero.
 ///
 /// Differentiable with respect to `q`, `k` and `v` through candle's autograd. An error (not a
-/// panic) for bad shapes, dtypes, segments, or a device other than the CPU.
+/// panic) for bad shapes, dtypes, segments, or a device or dtype without a kernel.
 pub fn flash_attn(
     q: &Tensor,
     k: &Tensor,
@@ -209,6 +246,46 @@ pub fn flash_attn(
     segments: &Arc<Segments>,
     scale: Option<f32>,
 ) -> candle_core::Result<Tensor> {
+    let d = check_inputs(q, k, v, segments)?;
+    let scale = scale.unwrap_or(1.0 / (d as f32).sqrt());
+    let op = FlashAttn::new(segments.clone(), scale);
+    q.contiguous()?
+        .apply_op3(&k.contiguous()?, &v.contiguous()?, op)
+}
+
+/// [`flash_attn`] that also returns the forward's per-row log-sum-exp `L` of the scaled scores
+/// (`b * n_heads * t` values, row-major; `+inf` for rows outside every segment), copied to the
+/// host. For checking the kernels against each other; the output is not differentiable.
+pub fn flash_attn_lse(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    segments: &Arc<Segments>,
+    scale: Option<f32>,
+) -> candle_core::Result<(Tensor, Vec<f32>)> {
+    let d = check_inputs(q, k, v, segments)?;
+    let scale = scale.unwrap_or(1.0 / (d as f32).sqrt());
+    let op = FlashAttn::new(segments.clone(), scale);
+    let slot = op.lse_slot();
+    let out = q.detach().contiguous()?.apply_op3_no_bwd(
+        &k.detach().contiguous()?,
+        &v.detach().contiguous()?,
+        &op,
+    )?;
+    let lse = match slot.get() {
+        Some(saved) => saved.to_host()?,
+        None => candle_core::bail!("flash_attn_lse: the forward stored no log-sum-exp"),
+    };
+    Ok((out, lse))
+}
+
+/// The checks of [`flash_attn`]: shapes, dtypes, devices, segments. Returns the head dim.
+fn check_inputs(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    segments: &Segments,
+) -> candle_core::Result<usize> {
     let (b, nh, t, d) = q.dims4()?;
     let (bk, nkv, tk, dk) = k.dims4()?;
     if (bk, tk, dk) != (b, t, d) || v.dims() != k.dims() {
@@ -231,22 +308,27 @@ pub fn flash_attn(
             v.dtype()
         );
     }
-    if !matches!(dtype, DType::F32 | DType::BF16 | DType::F16) {
-        candle_core::bail!("flash_attn: dtype {dtype:?} is not supported (f32, bf16, f16)");
-    }
-    if !q.device().is_cpu() || !k.device().is_cpu() || !v.device().is_cpu() {
+    if !q.device().same_device(k.device()) || !q.device().same_device(v.device()) {
         candle_core::bail!(
-            "flash_attn: only a CPU kernel exists (device {:?}); use the unfused attention",
-            q.device()
+            "flash_attn: q, k, v on different devices ({:?}, {:?}, {:?})",
+            q.device(),
+            k.device(),
+            v.device()
+        );
+    }
+    if !supported(q.device(), dtype, d) {
+        candle_core::bail!(
+            "flash_attn: no kernel for {dtype:?} with head dim {d} on {:?} (CPU: f32, bf16, \
+             f16; CUDA with the `cuda` feature: f32, bf16, head dim <= {}); use the unfused \
+             attention",
+            q.device(),
+            kernels::MAX_HEAD_DIM
         );
     }
     segments
         .check_shape(b, t)
         .map_err(candle_core::Error::wrap)?;
-    let scale = scale.unwrap_or(1.0 / (d as f32).sqrt());
-    let op = FlashAttn::new(segments.clone(), scale);
-    q.contiguous()?
-        .apply_op3(&k.contiguous()?, &v.contiguous()?, op)
+    Ok(d)
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! The candle custom ops: [`FlashAttn`] (forward, with backward through autograd) and the
-//! backward kernel it calls from `bwd`.
+//! backward kernel it calls from `bwd`. CPU kernels always; the CUDA kernels
+//! ([`super::cuda`]) with the `cuda` feature.
 
 use std::sync::{Arc, OnceLock};
 
@@ -7,19 +8,57 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Tensor};
 
 use super::cpu::{self, Dims, Elem};
+#[cfg(feature = "cuda")]
+use super::kernels::KernelDtype;
 use super::Segments;
 
 /// Fused causal attention over `(q, k, v)`, applied with [`Tensor::apply_op3`] (see
 /// [`super::flash_attn`], which validates the inputs first).
 ///
-/// One instance serves one forward call: `cpu_fwd` stores the log-sum-exp of every query row
-/// in the instance, where `bwd` (called by autograd with the same instance) finds it.
+/// One instance serves one forward call: `cpu_fwd`/`cuda_fwd` stores the log-sum-exp of every
+/// query row in the instance (on the device of the inputs), where `bwd` (called by autograd
+/// with the same instance) finds it.
 #[derive(Debug)]
 pub struct FlashAttn {
     segments: Arc<Segments>,
     scale: f32,
-    /// `(b, heads, t)` log-sum-exp of the forward, set once by `cpu_fwd`.
-    lse: OnceLock<Vec<f32>>,
+    /// `(b, heads, t)` log-sum-exp of the forward, set once by the forward.
+    lse: Arc<OnceLock<SavedLse>>,
+}
+
+/// The forward's log-sum-exp, where the forward ran.
+pub(crate) enum SavedLse {
+    /// From `cpu_fwd`.
+    Cpu(Vec<f32>),
+    /// From `cuda_fwd`: f32 on the device.
+    #[cfg(feature = "cuda")]
+    Cuda {
+        lse: cudarc::driver::CudaSlice<f32>,
+        device: candle_core::CudaDevice,
+    },
+}
+
+impl std::fmt::Debug for SavedLse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SavedLse::Cpu(v) => write!(f, "SavedLse::Cpu({} rows)", v.len()),
+            #[cfg(feature = "cuda")]
+            SavedLse::Cuda { lse, device } => {
+                write!(f, "SavedLse::Cuda({} rows on {device:?})", lse.len())
+            }
+        }
+    }
+}
+
+impl SavedLse {
+    /// A host copy.
+    pub(crate) fn to_host(&self) -> candle_core::Result<Vec<f32>> {
+        match self {
+            SavedLse::Cpu(v) => Ok(v.clone()),
+            #[cfg(feature = "cuda")]
+            SavedLse::Cuda { lse, device } => device.clone_dtoh(lse),
+        }
+    }
 }
 
 impl FlashAttn {
@@ -28,8 +67,13 @@ impl FlashAttn {
         FlashAttn {
             segments,
             scale,
-            lse: OnceLock::new(),
+            lse: Arc::new(OnceLock::new()),
         }
+    }
+
+    /// Where the forward stores its log-sum-exp (readable after `apply_op3`).
+    pub(crate) fn lse_slot(&self) -> Arc<OnceLock<SavedLse>> {
+        self.lse.clone()
     }
 }
 
@@ -82,7 +126,7 @@ impl FlashAttn {
         let mut lse = vec![0f32; dims.b * dims.heads * dims.t];
         let table = self.segments.position_table();
         cpu::forward(q, k, v, dims, &table, self.scale, &mut out, &mut lse);
-        if self.lse.set(lse).is_err() {
+        if self.lse.set(SavedLse::Cpu(lse)).is_err() {
             candle_core::bail!("flash-attn: one op instance ran its forward twice");
         }
         Ok((wrap(out), lq.shape().clone()))
@@ -123,8 +167,9 @@ impl CustomOp3 for FlashAttn {
         }
     }
 
-    // Not behind `feature = "cuda"`: the signature is the same with candle's stand-in
-    // `CudaStorage`, so the CPU-only build type-checks this override too.
+    // Without `cuda`, candle's stand-in `CudaStorage` can never be built: the override only
+    // documents that there is no kernel in this build.
+    #[cfg(not(feature = "cuda"))]
     fn cuda_fwd(
         &self,
         _: &candle_core::CudaStorage,
@@ -134,9 +179,36 @@ impl CustomOp3 for FlashAttn {
         _: &candle_core::CudaStorage,
         _: &Layout,
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        candle_core::bail!(
-            "flash-attn: no CUDA kernel yet; the model uses its unfused attention on a GPU"
-        )
+        candle_core::bail!("flash-attn: built without the `cuda` feature; no CUDA kernel")
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        use candle_core::cuda_backend::CudaStorageSlice as S;
+        let layouts = (l1, l2, l3);
+        match (&s1.slice, &s2.slice, &s3.slice) {
+            (S::F32(q), S::F32(k), S::F32(v)) => {
+                self.cuda_forward((q, k, v), layouts, &s1.device, KernelDtype::F32)
+            }
+            (S::BF16(q), S::BF16(k), S::BF16(v)) => {
+                self.cuda_forward((q, k, v), layouts, &s1.device, KernelDtype::Bf16)
+            }
+            _ => candle_core::bail!(
+                "flash-attn: the CUDA kernels take q, k, v of one dtype, f32 or bf16 (got {:?}, \
+                 {:?}, {:?})",
+                s1.dtype(),
+                s2.dtype(),
+                s3.dtype()
+            ),
+        }
     }
 
     fn bwd(
@@ -147,9 +219,9 @@ impl CustomOp3 for FlashAttn {
         out: &Tensor,
         grad_out: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let Some(lse) = self.lse.get() else {
+        if self.lse.get().is_none() {
             candle_core::bail!("flash-attn: backward before the forward stored its log-sum-exp");
-        };
+        }
         // The backward kernel needs five tensors; a custom op takes three. q, O and dO share a
         // shape and dtype, so they travel stacked: (3, b, heads, t, d). O(t) extra memory.
         let grad_out = grad_out.to_dtype(q.dtype())?;
@@ -157,7 +229,7 @@ impl CustomOp3 for FlashAttn {
         let op = FlashAttnBwd {
             segments: self.segments.clone(),
             scale: self.scale,
-            lse: lse.clone(),
+            lse: self.lse.clone(),
         };
         let packed = qog.apply_op3_no_bwd(&k.detach(), &v.detach(), &op)?;
         // packed: dq, dk, dv flattened and concatenated.
@@ -174,7 +246,8 @@ impl CustomOp3 for FlashAttn {
 struct FlashAttnBwd {
     segments: Arc<Segments>,
     scale: f32,
-    lse: Vec<f32>,
+    /// Set by the forward (checked by `bwd` before this op is built).
+    lse: Arc<OnceLock<SavedLse>>,
 }
 
 impl FlashAttnBwd {
@@ -198,16 +271,18 @@ impl FlashAttnBwd {
         let n = qog.len() / 3;
         let (q, rest) = qog.split_at(n);
         let (o, d_o) = rest.split_at(n);
-        if self.lse.len() != dims.b * dims.heads * dims.t {
+        let lse = match self.lse.get() {
+            Some(SavedLse::Cpu(lse)) => lse,
+            _ => candle_core::bail!("flash-attn backward: no CPU log-sum-exp from the forward"),
+        };
+        if lse.len() != dims.b * dims.heads * dims.t {
             candle_core::bail!("flash-attn backward: log-sum-exp of another shape");
         }
         let mut grads = vec![T::from_f32(0.0); n + 2 * k.len()];
         let (dq, rest) = grads.split_at_mut(n);
         let (dk, dv) = rest.split_at_mut(k.len());
         let table = self.segments.position_table();
-        cpu::backward(
-            q, k, v, o, d_o, &self.lse, dims, &table, self.scale, dq, dk, dv,
-        );
+        cpu::backward(q, k, v, o, d_o, lse, dims, &table, self.scale, dq, dk, dv);
         let len = grads.len();
         Ok((wrap(grads), Shape::from(len)))
     }
@@ -239,6 +314,193 @@ impl CustomOp3 for FlashAttnBwd {
                 self.backward((a, k, v), layouts, CpuStorage::F16)
             }
             _ => candle_core::bail!("flash-attn backward: mixed dtypes"),
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        use candle_core::cuda_backend::CudaStorageSlice as S;
+        let layouts = (l1, l2, l3);
+        match (&s1.slice, &s2.slice, &s3.slice) {
+            (S::F32(a), S::F32(k), S::F32(v)) => {
+                self.cuda_backward((a, k, v), layouts, &s1.device, KernelDtype::F32)
+            }
+            (S::BF16(a), S::BF16(k), S::BF16(v)) => {
+                self.cuda_backward((a, k, v), layouts, &s1.device, KernelDtype::Bf16)
+            }
+            _ => candle_core::bail!("flash-attn backward: the CUDA kernels take f32 or bf16"),
+        }
+    }
+}
+
+/// The CUDA side of both ops: candle's device buffers in, [`super::cuda`]'s launches on
+/// candle's stream.
+#[cfg(feature = "cuda")]
+mod on_cuda {
+    use candle_core::cuda_backend::{CudaDType, CudaDevice};
+    use candle_core::{CudaStorage, Layout, Shape};
+    use cudarc::driver::{CudaSlice, CudaView, DeviceRepr, ValidAsZeroBits};
+
+    use super::super::cuda::{self as kernels, CallDims, DeviceSegments};
+    use super::super::kernels::{Kernel, KernelDtype};
+    use super::super::Segments;
+    use super::{dims_of, FlashAttn, FlashAttnBwd, SavedLse};
+
+    /// candle's cache key for the loaded `flash_attn.cu` module.
+    const MODULE: &str = "cascade_flash_attn";
+
+    /// The elements of a contiguous tensor's device buffer.
+    fn view<'a, T>(
+        slice: &'a CudaSlice<T>,
+        layout: &Layout,
+        what: &str,
+    ) -> candle_core::Result<CudaView<'a, T>> {
+        match layout.contiguous_offsets() {
+            Some((start, end)) => Ok(slice.slice(start..end)),
+            None => candle_core::bail!("flash-attn: {what} is not contiguous"),
+        }
+    }
+
+    /// `(seg_off, segs)` on the device.
+    fn upload(
+        device: &CudaDevice,
+        segments: &Segments,
+    ) -> candle_core::Result<(CudaSlice<u32>, CudaSlice<u32>)> {
+        let (seg_off, segs) = segments.device_arrays();
+        Ok((device.clone_htod(&seg_off)?, device.clone_htod(&segs)?))
+    }
+
+    fn call_dims(
+        segments: &Segments,
+        scale: f32,
+        layouts: (&Layout, &Layout, &Layout),
+    ) -> candle_core::Result<CallDims> {
+        let d = dims_of(segments, layouts.0, layouts.1, layouts.2)?;
+        Ok(CallDims {
+            b: d.b,
+            heads: d.heads,
+            kv_heads: d.kv_heads,
+            t: d.t,
+            d: d.d,
+            scale,
+        })
+    }
+
+    impl FlashAttn {
+        pub(super) fn cuda_forward<T: DeviceRepr + ValidAsZeroBits + CudaDType>(
+            &self,
+            (q, k, v): (&CudaSlice<T>, &CudaSlice<T>, &CudaSlice<T>),
+            (lq, lk, lv): (&Layout, &Layout, &Layout),
+            device: &CudaDevice,
+            dtype: KernelDtype,
+        ) -> candle_core::Result<(CudaStorage, Shape)> {
+            let dims = call_dims(&self.segments, self.scale, (lq, lk, lv))?;
+            let tiles = dims.tiles()?;
+            let func = device.get_or_load_custom_func(
+                &tiles.entry(Kernel::Forward, dtype),
+                MODULE,
+                kernels::ptx()?,
+            )?;
+            let (seg_off, segs) = upload(device, &self.segments)?;
+            let segments = DeviceSegments {
+                seg_off: seg_off.as_view(),
+                segs: segs.as_view(),
+            };
+            let mut out = device.alloc_zeros::<T>(lq.shape().elem_count())?;
+            let mut lse = device.alloc_zeros::<f32>(dims.b * dims.heads * dims.t)?;
+            kernels::launch_forward(
+                &device.cuda_stream(),
+                &func,
+                &dims,
+                (&view(q, lq, "q")?, &view(k, lk, "k")?, &view(v, lv, "v")?),
+                &segments,
+                &mut out.as_view_mut(),
+                &mut lse.as_view_mut(),
+            )?;
+            let saved = SavedLse::Cuda {
+                lse,
+                device: device.clone(),
+            };
+            if self.lse.set(saved).is_err() {
+                candle_core::bail!("flash-attn: one op instance ran its forward twice");
+            }
+            Ok((
+                CudaStorage::wrap_cuda_slice(out, device.clone()),
+                lq.shape().clone(),
+            ))
+        }
+    }
+
+    impl FlashAttnBwd {
+        pub(super) fn cuda_backward<T: DeviceRepr + ValidAsZeroBits + CudaDType>(
+            &self,
+            (qog, k, v): (&CudaSlice<T>, &CudaSlice<T>, &CudaSlice<T>),
+            (lqog, lk, lv): (&Layout, &Layout, &Layout),
+            device: &CudaDevice,
+            dtype: KernelDtype,
+        ) -> candle_core::Result<(CudaStorage, Shape)> {
+            let dims5 = lqog.dims();
+            if dims5.len() != 5 || dims5[0] != 3 {
+                candle_core::bail!("flash-attn backward: packed q/O/dO has shape {dims5:?}");
+            }
+            let lq = Layout::contiguous(&dims5[1..]);
+            let dims = call_dims(&self.segments, self.scale, (&lq, lk, lv))?;
+            let tiles = dims.tiles()?;
+            let lse = match self.lse.get() {
+                Some(SavedLse::Cuda { lse, .. }) => lse,
+                _ => {
+                    candle_core::bail!("flash-attn backward: no CUDA log-sum-exp from the forward")
+                }
+            };
+            let ptx = kernels::ptx()?;
+            let dq_func =
+                device.get_or_load_custom_func(&tiles.entry(Kernel::Dq, dtype), MODULE, ptx)?;
+            let dkdv_func =
+                device.get_or_load_custom_func(&tiles.entry(Kernel::DkDv, dtype), MODULE, ptx)?;
+            let (seg_off, segs) = upload(device, &self.segments)?;
+            let segments = DeviceSegments {
+                seg_off: seg_off.as_view(),
+                segs: segs.as_view(),
+            };
+            let qog = view(qog, lqog, "q/O/dO")?;
+            let n = qog.len() / 3;
+            let (q, o, d_o) = (
+                qog.slice(0..n),
+                qog.slice(n..2 * n),
+                qog.slice(2 * n..3 * n),
+            );
+            let (k, v) = (view(k, lk, "k")?, view(v, lv, "v")?);
+            let nk = k.len();
+            let mut grads = device.alloc_zeros::<T>(n + 2 * nk)?;
+            let mut delta = device.alloc_zeros::<f32>(dims.b * dims.heads * dims.t)?;
+            {
+                let (mut dq, mut rest) = grads.split_at_mut(n);
+                let (mut dk, mut dv) = rest.split_at_mut(nk);
+                kernels::launch_backward(
+                    &device.cuda_stream(),
+                    (&dq_func, &dkdv_func),
+                    &dims,
+                    (&q, &o, &d_o),
+                    (&k, &v),
+                    &lse.as_view(),
+                    &segments,
+                    (&mut dq, &mut dk, &mut dv),
+                    &mut delta.as_view_mut(),
+                )?;
+            }
+            let len = grads.len();
+            Ok((
+                CudaStorage::wrap_cuda_slice(grads, device.clone()),
+                Shape::from(len),
+            ))
         }
     }
 }

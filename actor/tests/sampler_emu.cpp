@@ -1,5 +1,6 @@
 // Runs a sampler kernel of actor/src/sampler/kernels/sampler.cu (included as KERNEL_SOURCE, with
-// cuda_emu.h force-included) on the CPU, with the launch shape of actor/src/sampler/cuda.rs.
+// tests/cuda_emu/cuda_emu.h force-included) on the CPU, with the launch shape of
+// actor/src/sampler/cuda.rs.
 // Driven by actor/tests/sampler_kernel_emulated.rs through little-endian binary files:
 //
 //   run_kernel sample IN OUT   IN: u32 vocab, u32 rows, f32 temperature, f32 inv_t, i32 greedy,
@@ -8,50 +9,16 @@
 //   run_kernel philox IN OUT   IN: u32 n; n*6 u32.  OUT: n u32.
 #include KERNEL_SOURCE
 
-#include <fstream>
-#include <iterator>
 #include <string>
 
-namespace {
-std::vector<char> slurp(const char* path) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) cuda_emu::fail("cannot open input");
-    return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
+#include "cuda_emu_io.h"
 
-struct Reader {
-    const std::vector<char>& buf;
-    std::size_t at = 0;
-    template <class T>
-    T get() {
-        T v;
-        if (at + sizeof(T) > buf.size()) cuda_emu::fail("input too short");
-        std::memcpy(&v, buf.data() + at, sizeof(T));
-        at += sizeof(T);
-        return v;
-    }
-    template <class T>
-    std::vector<T> array(std::size_t n) {
-        std::vector<T> v(n);
-        if (at + n * sizeof(T) > buf.size()) cuda_emu::fail("input too short");
-        std::memcpy(v.data(), buf.data() + at, n * sizeof(T));
-        at += n * sizeof(T);
-        return v;
-    }
-};
-
-void spill(const char* path, const void* data, std::size_t bytes, bool append) {
-    std::ofstream f(path, std::ios::binary | (append ? std::ios::app : std::ios::trunc));
-    f.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
-    if (!f) cuda_emu::fail("cannot write output");
-}
-}  // namespace
 
 int main(int argc, char** argv) {
     if (argc != 4) cuda_emu::fail("usage: run_kernel sample|philox IN OUT");
     const std::string mode = argv[1];
-    const std::vector<char> buf = slurp(argv[2]);
-    Reader in{buf};
+    const std::vector<char> buf = cuda_emu::slurp(argv[2]);
+    cuda_emu::Reader in{buf};
     if (mode == "sample") {
         const auto vocab = in.get<unsigned int>();
         const auto rows = in.get<unsigned int>();
@@ -69,8 +36,8 @@ int main(int argc, char** argv) {
         cuda_emu::launch(dim3{rows, 1, 1}, dim3{threads, 1, 1}, sample_rows, logits.data(), vocab,
                          temperature, inv_t, greedy, top_k, top_p, keys.data(), tokens.data(),
                          logprobs.data());
-        spill(argv[3], tokens.data(), rows * 4, false);
-        spill(argv[3], logprobs.data(), rows * 4, true);
+        cuda_emu::spill(argv[3], tokens.data(), rows * 4, false);
+        cuda_emu::spill(argv[3], logprobs.data(), rows * 4, true);
     } else if (mode == "philox") {
         const auto n = in.get<unsigned int>();
         const auto words = in.array<unsigned int>(std::size_t(n) * 6);
@@ -79,7 +46,7 @@ int main(int argc, char** argv) {
         const unsigned int block = 1024, grid = (n + block - 1) / block;
         cuda_emu::launch(dim3{grid > 0 ? grid : 1, 1, 1}, dim3{block, 1, 1}, philox_kat,
                          words.data(), out.data(), static_cast<int>(n));
-        spill(argv[3], out.data(), std::size_t(n) * 4, false);
+        cuda_emu::spill(argv[3], out.data(), std::size_t(n) * 4, false);
     } else {
         cuda_emu::fail("unknown mode");
     }
