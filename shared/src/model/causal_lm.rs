@@ -17,12 +17,13 @@ use super::{ModelError, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AttentionImpl {
     /// The fused causal attention op ([`super::flash_attn`]): never materialises the `t × t`
-    /// scores, masks by segments. Used where it has a kernel (the CPU, f32/bf16/f16) and the
-    /// mask is expressible as segments; elsewhere the unfused path runs.
+    /// scores, masks by segments. Used where it has a kernel (the CPU, f32/bf16/f16; CUDA
+    /// builds, f32/bf16 with head_dim ≤ 128: [`super::flash_attn::supported`]) and the mask is
+    /// expressible as segments; elsewhere the unfused path runs.
     #[default]
     Fused,
     /// Scores, a dense `t × t` additive mask and a softmax as separate candle ops (the
-    /// reference the fused op is checked against; the path on a GPU until it has a kernel).
+    /// reference the fused op is checked against; the path where no kernel exists).
     Unfused,
 }
 

@@ -190,9 +190,17 @@ pub fn dtype_bytes(choice: DtypeChoice, device: Device) -> u64 {
     }
 }
 
-/// Whether the training forward on `device` uses the fused attention (no `t × t` scores).
-pub fn fused_attention_on(device: Device) -> bool {
-    matches!(device, Device::Cpu)
+/// Whether the training forward on `device` uses the fused attention (no `t × t` scores):
+/// always on the CPU; on CUDA for f32/bf16 with a head dimension the kernel covers
+/// (`model::flash_attn::supported`), which a `cuda` build has.
+pub fn fused_attention_on(device: Device, model: &ModelConfig, dtype: DtypeChoice) -> bool {
+    match device {
+        Device::Cpu => true,
+        Device::Cuda(_) => {
+            dtype != DtypeChoice::F16
+                && (1..=crate::model::flash_attn::kernels::MAX_HEAD_DIM).contains(&model.head_dim())
+        }
+    }
 }
 
 /// Builds the plan of `config` with the policy architecture `model`. `reward_model` gives the
@@ -218,7 +226,7 @@ pub fn plan(
         .iter()
         .enumerate()
         .map(|(index, stage)| {
-            let mut processes = vec![learner_use(config, stage, &learner_mm, opts)];
+            let mut processes = vec![learner_use(config, stage, model, &learner_mm, opts)];
             let actors = config.devices.actor_assignment();
             if stage.kind != StageKind::Sft {
                 let rm = uses_reward_model(config, index).then(|| {
@@ -290,6 +298,7 @@ fn max_response(config: &RunConfig, stage: &StageConfig) -> usize {
 fn learner_use(
     config: &RunConfig,
     stage: &StageConfig,
+    model: &ModelConfig,
     mm: &MemoryModel,
     opts: &PlanOptions,
 ) -> ProcessUse {
@@ -306,7 +315,7 @@ fn learner_use(
     }
     let (rows, tokens) = learner_rows(config, stage, opts);
     let act = ActivationModel {
-        fused_attention: fused_attention_on(device),
+        fused_attention: fused_attention_on(device, model, config.model.dtype),
     };
     items.extend(mm.training_activations(rows, tokens, act));
     ProcessUse {
