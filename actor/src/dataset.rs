@@ -133,16 +133,18 @@ mod tests {
     use super::*;
     use cascade_shared::chat::Message;
 
-    fn load(text: &str, kind: StageKind) -> Result<Dataset> {
+    /// The dataset and its directory (rows are read from the file as they are asked for, so
+    /// it must outlive the dataset).
+    fn load(text: &str, kind: StageKind) -> Result<(tempfile::TempDir, Dataset)> {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("data.jsonl");
         std::fs::write(&p, text).unwrap();
-        Dataset::load(&p, kind)
+        Dataset::load(&p, kind).map(|ds| (d, ds))
     }
 
     #[test]
     fn lines_parse_with_ids_and_references() {
-        let ds = load(
+        let (_dir, ds) = load(
             "{\"prompt\": \"1+1?\", \"answer\": \"2\"}\n\n{\"id\": 40, \"messages\": [{\"role\": \"system\", \"content\": \"s\"}, {\"role\": \"user\", \"content\": \"q\"}], \"answer\": \"3\"}\n",
             StageKind::Math,
         )
@@ -160,7 +162,7 @@ mod tests {
     #[test]
     fn a_malformed_line_is_counted_and_named_and_no_usable_line_is_an_error() {
         // A bad row among good ones: counted, named by file and line, the rest used.
-        let ds = load(
+        let (_dir, ds) = load(
             "{\"prompt\": \"a\", \"answer\": \"1\"}\n{\"prompt\": \"b\"\n",
             StageKind::Math,
         )
@@ -193,7 +195,7 @@ mod tests {
             .to_string();
         assert!(e.contains("`id`"), "{e}");
         assert!(load(
-            "{\"prompt\": \"a\", \"instruction_id_list\": [], \"kwargs\": []}\n",
+            "{\"prompt\": \"a\", \"instruction_id_list\": [\"punctuation:no_comma\"], \"kwargs\": [{}]}\n",
             StageKind::If
         )
         .is_ok());
@@ -201,7 +203,7 @@ mod tests {
 
     #[test]
     fn call_based_code_fields_flow_through_unchanged() {
-        let ds = load(
+        let (_dir, ds) = load(
             "{\"prompt\": \"write f\", \"tests\": [], \"fn_name\": \"f\", \"call_tests\": [{\"args\": [1], \"expected\": 2}], \"starter_code\": \"def f(x):\\n\"}\n",
             StageKind::Code,
         )

@@ -83,10 +83,14 @@ mod tests {
         let pairs = load_pairs(&path).unwrap();
         assert_eq!(pairs.len(), 1);
         assert_eq!(pairs[0].chosen, "a");
-        fs::write(&path, "{\"prompt\": \"p\", \"chosen\": \"a\"}\nnope\n").unwrap();
+        fs::write(
+            &path,
+            "{\"prompt\": \"p\", \"chosen\": 3, \"rejected\": \"b\"}\nnope\n",
+        )
+        .unwrap();
         let err = load_pairs(&path).unwrap_err().to_string();
         assert!(err.contains("all 2 rows rejected"), "{err}");
-        assert!(err.contains("pairs.jsonl:1: column `rejected`"), "{err}");
+        assert!(err.contains("pairs.jsonl:1: column `chosen`"), "{err}");
         assert!(err.contains("pairs.jsonl:2: not valid JSON"), "{err}");
         fs::write(
             &path,
