@@ -15,6 +15,7 @@ use cascade_actor::verifiers::verifier_for;
 use cascade_rewards::Verifier;
 use cascade_shared::chat::Chat;
 use cascade_shared::config::RunConfig;
+use cascade_shared::data::Kind;
 use cascade_shared::metrics::{
     Eval, EvalScores, HeldoutRow, HeldoutTable, MetricsLog, StageGain, HELDOUT_FILE,
 };
@@ -131,7 +132,7 @@ pub fn evaluate_run(
         domains.push(Domain {
             name: stage.kind.as_str().to_string(),
             stage: i,
-            dataset: Dataset::load(config.resolve(heldout), stage.kind)?,
+            dataset: Dataset::open(&config.data_spec(heldout, Kind::Rl, Some(stage.kind))?)?,
             verifier,
         });
     }

@@ -1,188 +1,180 @@
-//! RL prompt datasets: JSONL, one object per line.
+//! RL prompt datasets, read through [`cascade_shared::data`]: JSONL or Parquet, one file, a glob
+//! or a directory of shards, in our canonical layout or a public one (a preset, or a column
+//! mapping, given or recognised from the columns).
 //!
-//! Each line holds the prompt as `prompt` (a user message string) or `messages` (a list of
-//! `{"role", "content"}`), an optional `id` (a non-negative integer; default: the 0-based line
-//! index among prompt lines), and the domain's reference fields exactly as `cascade score`
-//! takes them: `answer` (math), `instruction_id_list` + `kwargs` (if), `tests` or `test_code` +
-//! `entry_point` (code), `gold_patch` (swe), nothing extra for rm. The whole object is kept as
-//! the verifier's reference. A malformed line is an error naming the file and the line.
+//! In our own layout each row holds the prompt as `prompt` (a user message string) or
+//! `messages` (a list of `{"role", "content"}`), an optional `id` (a non-negative integer;
+//! default: the row's 0-based number in the dataset), and the domain's reference fields exactly
+//! as `cascade score` takes them: `answer` (math), `instruction_id_list` + `kwargs` (if),
+//! `tests` or `test_code` + `entry_point` (code, with `fn_name`, `call_tests` and the starter
+//! code passed on as they are), `gold_patch` (swe), nothing extra for rm. The whole canonical
+//! object is kept as the verifier's reference.
+//!
+//! The dataset is read once through at start (every rejected row counted and logged with its
+//! file, row and column; no usable row at all is an error with the first reasons), then rows
+//! are read through the file index as the prompt schedule asks for them: the prompts are never
+//! held in memory together.
 
 use std::path::{Path, PathBuf};
 
-use cascade_shared::chat::Message;
+use cascade_shared::data::{self, DataError, DataSpec, Indexed, Kind, ReadStats, Row, Schema};
 use cascade_shared::StageKind;
-use serde_json::Value;
 
 use crate::error::{ActorError, Result};
 
-/// One RL prompt.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PromptRecord {
-    /// Stable prompt id.
-    pub id: u64,
-    /// The conversation to continue (ends with a user turn).
-    pub messages: Vec<Message>,
-    /// The whole JSON object (reference fields for the verifier).
-    pub reference: Value,
-}
+/// One RL prompt: the canonical RL row of [`cascade_shared::data`] (`id`, `messages`, and the
+/// canonical object as `reference`).
+pub type PromptRecord = data::RlRow;
 
-/// A loaded prompt file.
+/// An opened prompt dataset.
 #[derive(Debug, Clone)]
 pub struct Dataset {
-    /// Where it came from.
+    /// Where it came from (a file, a glob or a directory).
     pub path: PathBuf,
-    /// The prompts, in file order.
-    pub prompts: Vec<PromptRecord>,
+    data: Indexed,
 }
 
-/// The reference fields a stage's verifier needs: each inner list is a set of alternatives, one
-/// of which must be present.
-fn required_fields(kind: StageKind) -> &'static [&'static [&'static str]] {
-    match kind {
-        StageKind::Math => &[&["answer"]],
-        StageKind::If => &[&["instruction_id_list"], &["kwargs"]],
-        StageKind::Code => &[&["tests", "test_code"]],
-        StageKind::Swe => &[&["gold_patch"]],
-        StageKind::Rlhf | StageKind::Sft => &[],
-    }
-}
-
-/// Parses one line (`line` is 1-based, for messages).
-pub fn parse_line(
-    path: &Path,
-    line: usize,
-    text: &str,
-    default_id: u64,
-    kind: StageKind,
-) -> Result<PromptRecord> {
-    let bad = |reason: String| ActorError::Dataset {
-        path: path.to_path_buf(),
-        line,
-        reason,
-    };
-    let value: Value =
-        serde_json::from_str(text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
-    let obj = value
-        .as_object()
-        .ok_or_else(|| bad("expected a JSON object".into()))?;
-    let messages = match (obj.get("prompt"), obj.get("messages")) {
-        (Some(Value::String(p)), None) => vec![Message::user(p.clone())],
-        (None, Some(Value::Array(list))) => {
-            let mut out = Vec::with_capacity(list.len());
-            for (i, m) in list.iter().enumerate() {
-                let role = m.get("role").and_then(Value::as_str);
-                let content = m.get("content").and_then(Value::as_str);
-                match (role, content) {
-                    (Some(r), Some(c)) => out.push(Message::new(r, c)),
-                    _ => {
-                        return Err(bad(format!(
-                            "messages[{i}] needs string `role` and `content`"
-                        )))
-                    }
-                }
-            }
-            if out.last().map(|m| m.role.as_str()) != Some("user") {
-                return Err(bad("`messages` must end with a user turn".into()));
-            }
-            out
-        }
-        (Some(_), Some(_)) => {
-            return Err(bad("give either `prompt` or `messages`, not both".into()))
-        }
-        (Some(_), None) => return Err(bad("`prompt` must be a string".into())),
-        (None, Some(_)) => return Err(bad("`messages` must be a list".into())),
-        (None, None) => return Err(bad("no `prompt` or `messages`".into())),
-    };
-    let id = match obj.get("id") {
-        None => default_id,
-        Some(v) => v
-            .as_u64()
-            .ok_or_else(|| bad(format!("`id` must be a non-negative integer, got {v}")))?,
-    };
-    if kind == StageKind::Code && obj.contains_key("test_code") && !obj.contains_key("entry_point")
-    {
-        return Err(bad("`test_code` needs `entry_point`".into()));
-    }
-    for alternatives in required_fields(kind) {
-        if !alternatives.iter().any(|f| obj.contains_key(*f)) {
-            return Err(bad(format!(
-                "a {kind} prompt needs `{}`",
-                alternatives.join("` or `")
-            )));
-        }
-    }
-    Ok(PromptRecord {
-        id,
-        messages,
-        reference: value,
-    })
+/// A dataset error as the actor reports it.
+fn actor_err(e: DataError) -> ActorError {
+    ActorError::Invalid(format!("dataset {e}"))
 }
 
 impl Dataset {
-    /// Reads a prompt file for a stage of `kind`. Blank lines are skipped.
+    /// Opens a prompt dataset for a stage of `kind`, its layout recognised from the columns.
     pub fn load(path: impl AsRef<Path>, kind: StageKind) -> Result<Dataset> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|e| ActorError::io(path, e))?;
-        let mut prompts = Vec::new();
-        for (i, line) in text.lines().enumerate() {
-            if line.trim().is_empty() {
-                continue;
-            }
-            let default_id = prompts.len() as u64;
-            prompts.push(parse_line(path, i + 1, line, default_id, kind)?);
-        }
-        if prompts.is_empty() {
-            return Err(ActorError::Dataset {
-                path: path.to_path_buf(),
-                line: 0,
-                reason: "no prompts".into(),
-            });
+        Dataset::open(&DataSpec {
+            path: path.display().to_string(),
+            kind: Some(Kind::Rl),
+            domain: Some(kind),
+            ..DataSpec::default()
+        })
+    }
+
+    /// Opens a dataset as the config describes it (path, schema, kind and domain).
+    pub fn open(spec: &DataSpec) -> Result<Dataset> {
+        let data = Indexed::open(spec).map_err(actor_err)?;
+        if data.reader().kind() != Kind::Rl {
+            return Err(ActorError::Invalid(format!(
+                "dataset {}: holds {} rows, not RL prompts",
+                spec.path,
+                data.reader().kind().as_str()
+            )));
         }
         Ok(Dataset {
-            path: path.to_path_buf(),
-            prompts,
+            path: PathBuf::from(&spec.path),
+            data,
         })
+    }
+
+    /// Number of usable prompts.
+    pub fn len(&self) -> usize {
+        self.data.len() as usize
+    }
+
+    /// Whether there is no usable prompt (never, once opened).
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    /// The schema the rows are read with.
+    pub fn schema(&self) -> &Schema {
+        self.data.reader().schema()
+    }
+
+    /// Counts of the opening pass (rows, used, rejected, skipped).
+    pub fn stats(&self) -> &ReadStats {
+        self.data.stats()
+    }
+
+    /// Prompt `i` (`i < len`), read through the index.
+    pub fn get(&self, i: usize) -> Result<PromptRecord> {
+        match self.data.get(i as u64).map_err(actor_err)? {
+            Row::Rl(r) => Ok(r),
+            other => Err(ActorError::Invalid(format!(
+                "dataset {}: row {i} is not an RL prompt: {other:?}",
+                self.path.display()
+            ))),
+        }
+    }
+
+    /// The id of prompt `i`: known without reading when no row has an explicit id.
+    pub fn id(&self, i: usize) -> Result<u64> {
+        match self.data.known_id(i as u64) {
+            Some(id) => Ok(id),
+            None => self.get(i).map(|r| r.id),
+        }
+    }
+
+    /// The first `n` prompts, in order.
+    pub fn head(&self, n: usize) -> Result<Vec<PromptRecord>> {
+        self.data
+            .head(n as u64)
+            .map_err(actor_err)?
+            .into_iter()
+            .map(|r| match r {
+                Row::Rl(r) => Ok(r),
+                other => Err(ActorError::Invalid(format!(
+                    "dataset {}: not an RL prompt: {other:?}",
+                    self.path.display()
+                ))),
+            })
+            .collect()
+    }
+
+    /// Every prompt, in order (for small sets: held-out evaluation, tests).
+    pub fn all(&self) -> Result<Vec<PromptRecord>> {
+        self.head(self.len())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cascade_shared::chat::Message;
 
-    fn load(text: &str, kind: StageKind) -> Result<Dataset> {
+    /// The dataset and its directory (rows are read from the file as they are asked for, so
+    /// it must outlive the dataset).
+    fn load(text: &str, kind: StageKind) -> Result<(tempfile::TempDir, Dataset)> {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("data.jsonl");
         std::fs::write(&p, text).unwrap();
-        Dataset::load(&p, kind)
+        Dataset::load(&p, kind).map(|ds| (d, ds))
     }
 
     #[test]
     fn lines_parse_with_ids_and_references() {
-        let ds = load(
+        let (_dir, ds) = load(
             "{\"prompt\": \"1+1?\", \"answer\": \"2\"}\n\n{\"id\": 40, \"messages\": [{\"role\": \"system\", \"content\": \"s\"}, {\"role\": \"user\", \"content\": \"q\"}], \"answer\": \"3\"}\n",
             StageKind::Math,
         )
         .unwrap();
-        assert_eq!(ds.prompts.len(), 2);
-        assert_eq!(ds.prompts[0].id, 0);
-        assert_eq!(ds.prompts[0].messages, vec![Message::user("1+1?")]);
-        assert_eq!(ds.prompts[1].id, 40);
-        assert_eq!(ds.prompts[1].messages.len(), 2);
-        assert_eq!(ds.prompts[1].reference["answer"], "3");
+        let prompts = ds.all().unwrap();
+        assert_eq!(prompts.len(), 2);
+        assert_eq!(prompts[0].id, 0);
+        assert_eq!(prompts[0].messages, vec![Message::user("1+1?")]);
+        assert_eq!(prompts[1].id, 40);
+        assert_eq!(prompts[1].messages.len(), 2);
+        assert_eq!(prompts[1].reference["answer"], "3");
+        assert_eq!((ds.id(0).unwrap(), ds.id(1).unwrap()), (0, 40));
     }
 
     #[test]
-    fn a_malformed_line_names_file_and_line() {
-        let e = load(
+    fn a_malformed_line_is_counted_and_named_and_no_usable_line_is_an_error() {
+        // A bad row among good ones: counted, named by file and line, the rest used.
+        let (_dir, ds) = load(
             "{\"prompt\": \"a\", \"answer\": \"1\"}\n{\"prompt\": \"b\"\n",
             StageKind::Math,
         )
-        .unwrap_err();
-        let msg = e.to_string();
+        .unwrap();
+        assert_eq!(ds.len(), 1);
+        assert_eq!(ds.stats().rejected, 1);
+        let msg = ds.stats().first_rejections[0].to_string();
         assert!(
             msg.contains("data.jsonl:2") && msg.contains("JSON"),
             "{msg}"
         );
+        // A file whose every row is rejected stops at start with the reasons.
         let e = load("{\"prompt\": \"a\"}\n", StageKind::Math)
             .unwrap_err()
             .to_string();
@@ -203,9 +195,22 @@ mod tests {
             .to_string();
         assert!(e.contains("`id`"), "{e}");
         assert!(load(
-            "{\"prompt\": \"a\", \"instruction_id_list\": [], \"kwargs\": []}\n",
+            "{\"prompt\": \"a\", \"instruction_id_list\": [\"punctuation:no_comma\"], \"kwargs\": [{}]}\n",
             StageKind::If
         )
         .is_ok());
+    }
+
+    #[test]
+    fn call_based_code_fields_flow_through_unchanged() {
+        let (_dir, ds) = load(
+            "{\"prompt\": \"write f\", \"tests\": [], \"fn_name\": \"f\", \"call_tests\": [{\"args\": [1], \"expected\": 2}], \"starter_code\": \"def f(x):\\n\"}\n",
+            StageKind::Code,
+        )
+        .unwrap();
+        let r = ds.get(0).unwrap();
+        assert_eq!(r.reference["fn_name"], "f");
+        assert_eq!(r.reference["call_tests"][0]["expected"], 2);
+        assert_eq!(r.reference["starter_code"], "def f(x):\n");
     }
 }

@@ -190,11 +190,11 @@ pub fn evaluate(
     };
     sampling.validate()?;
     let take = if opts.max_prompts == 0 {
-        dataset.prompts.len()
+        dataset.len()
     } else {
-        opts.max_prompts.min(dataset.prompts.len())
+        opts.max_prompts.min(dataset.len())
     };
-    let prompts = &dataset.prompts[..take];
+    let prompts = dataset.head(take)?;
     let mut modes = Vec::with_capacity(take);
     for (tag, rec) in prompts.iter().enumerate() {
         let mode = opts
@@ -247,7 +247,7 @@ pub fn evaluate(
         .collect();
     let mut outcomes: Vec<Outcome> = modes
         .iter()
-        .zip(prompts)
+        .zip(&prompts)
         .map(|(&mode, rec)| Outcome {
             prompt_id: rec.id,
             mode,

@@ -75,6 +75,9 @@ pub enum LearnerError {
         /// What is wrong with it.
         reason: String,
     },
+    /// A dataset cannot be read, or none of its rows is usable (from `cascade_shared::data`).
+    #[error(transparent)]
+    Data(#[from] cascade_shared::data::DataError),
     /// The model failed to load or run (from `cascade-shared`).
     #[error(transparent)]
     Model(#[from] cascade_shared::model::ModelError),

@@ -7,6 +7,7 @@ use std::path::Path;
 use candle_core::Tensor;
 use cascade_shared::chat::Chat;
 use cascade_shared::config::{RewardModelTrainConfig, RunConfig};
+use cascade_shared::data::Kind;
 use cascade_shared::metrics::{MetricsLog, RmDone, RmStep};
 use cascade_shared::model::{trainable_from_tensors, ModelConfig};
 
@@ -69,8 +70,12 @@ pub fn train_for_run(
             tokenizer_json: inputs.tokenizer_json.to_vec(),
             tokenizer_config_json: inputs.tokenizer_config_json.map(<[u8]>::to_vec),
         },
-        &config.resolve(&rm.dataset),
-        rm.heldout.as_ref().map(|h| config.resolve(h)).as_deref(),
+        &config.data_spec(&rm.dataset, Kind::Pairs, None)?,
+        rm.heldout
+            .as_ref()
+            .map(|h| config.data_spec(h, Kind::Pairs, None))
+            .transpose()?
+            .as_ref(),
         out,
         &cfg,
         |s| {

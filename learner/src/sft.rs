@@ -1,8 +1,10 @@
 //! Supervised fine-tuning: conversations in both modes, packed into fixed-budget rows, loss on
 //! the assistant tokens only.
 //!
-//! Data is JSONL, one conversation per line: `{"messages": [{"role", "content"}, ...], "mode":
-//! "think" | "no_think"}` (mode defaults to `think`). A think-mode assistant turn carries its
+//! Data is read through `cascade_shared::data` ([`load_sft_from`]): in our layout, JSONL with
+//! one conversation per line, `{"messages": [{"role", "content"}, ...], "mode": "think" |
+//! "no_think"}` (mode defaults to `think`); or Parquet / JSONL in a public layout (a preset or
+//! a column mapping). A think-mode assistant turn carries its
 //! reasoning as `<think>\n...\n</think>\n\n` before the answer. [`Chat::encode_sft`] renders
 //! the conversation with the chat template of `mode` and marks the tokens the model is trained
 //! to produce.
@@ -20,11 +22,12 @@
 use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
-use cascade_shared::chat::{Chat, Message};
+use cascade_shared::chat::Chat;
+use cascade_shared::data::record::FieldError;
+use cascade_shared::data::{scan, DataReader, DataSpec, Kind, Row};
 use cascade_shared::model::CausalLm;
 use cascade_shared::Mode;
 use rand::seq::SliceRandom;
-use serde_json::Value;
 
 use crate::error::{LearnerError, Result};
 use crate::optim::AdamW;
@@ -52,79 +55,65 @@ pub struct SftData {
     pub too_long: usize,
 }
 
-/// Loads and tokenizes an SFT file; a malformed line is an error naming file and line.
+/// Loads and tokenizes an SFT file (its layout recognised from the columns); see
+/// [`load_sft_from`].
 pub fn load_sft(path: &Path, chat: &Chat, token_budget: usize) -> Result<SftData> {
-    let text = std::fs::read_to_string(path).map_err(|e| LearnerError::io(path, e))?;
+    load_sft_from(&DataSpec::of_kind(path, Kind::Sft), chat, token_budget)
+}
+
+/// Reads and tokenizes the SFT conversations of `spec` (JSONL or Parquet, one file, a glob or
+/// a directory; our layout or a preset / column mapping) in one pass through the file index,
+/// keeping only the token ids. A malformed row, or one that does not render to a trained
+/// token, is counted and logged naming file, row and column; a dataset with no usable row is an
+/// error with the first reasons.
+pub fn load_sft_from(spec: &DataSpec, chat: &Chat, token_budget: usize) -> Result<SftData> {
+    let reader = DataReader::open(spec)?;
+    if reader.kind() != Kind::Sft {
+        return Err(LearnerError::InvalidConfig(format!(
+            "{}: holds {} rows, not SFT conversations",
+            spec.path,
+            reader.kind().as_str()
+        )));
+    }
     let mut examples = Vec::new();
     let mut too_long = 0;
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let bad = |reason: String| LearnerError::Dataset {
-            path: path.to_path_buf(),
-            line: i + 1,
-            reason,
-        };
-        let value: Value =
-            serde_json::from_str(line).map_err(|e| bad(format!("not valid JSON: {e}")))?;
-        let list = value
-            .get("messages")
-            .and_then(Value::as_array)
-            .ok_or_else(|| bad("needs `messages`, a list of {role, content}".into()))?;
-        let mut messages = Vec::with_capacity(list.len());
-        for (j, m) in list.iter().enumerate() {
-            match (
-                m.get("role").and_then(Value::as_str),
-                m.get("content").and_then(Value::as_str),
-            ) {
-                (Some(r), Some(c)) => messages.push(Message::new(r, c)),
-                _ => {
-                    return Err(bad(format!(
-                        "messages[{j}] needs string `role` and `content`"
-                    )))
-                }
-            }
-        }
-        if !messages.iter().any(|m| m.role == "assistant") {
-            return Err(bad("no assistant turn to train on".into()));
-        }
-        let mode = match value.get("mode") {
-            None => Mode::Think,
-            Some(Value::String(s)) => Mode::parse(s).ok_or_else(|| {
-                bad(format!(
-                    "`mode` must be \"think\" or \"no_think\", got {s:?}"
-                ))
-            })?,
-            Some(other) => return Err(bad(format!("`mode` must be a string, got {other}"))),
+    let stats = scan(&reader, |_, row| {
+        let Row::Sft(conv) = row else {
+            return Err(FieldError::row("not an SFT conversation"));
         };
         let enc = chat
-            .encode_sft(&messages, mode)
-            .map_err(|e| bad(format!("cannot render: {e}")))?;
+            .encode_sft(&conv.messages, conv.mode)
+            .map_err(|e| FieldError::col("messages", format!("cannot render: {e}")))?;
         if enc.ids.len() > token_budget {
             too_long += 1;
-            continue;
+            return Ok(());
         }
         if !enc.assistant_mask.iter().any(|&m| m) {
-            return Err(bad("no trained token after rendering".into()));
+            return Err(FieldError::col(
+                "messages",
+                "no trained token after rendering",
+            ));
         }
         examples.push(SftExample {
             ids: enc.ids,
             trained: enc.assistant_mask,
-            mode,
+            mode: conv.mode,
         });
-    }
+        Ok(())
+    })?;
     if examples.is_empty() {
         return Err(LearnerError::Dataset {
-            path: path.to_path_buf(),
+            path: PathBuf::from(&spec.path),
             line: 0,
             reason: format!(
-                "no usable conversation ({too_long} longer than the token budget {token_budget})"
+                "no usable conversation ({too_long} longer than the token budget {token_budget}, \
+                 {} rejected)",
+                stats.rejected
             ),
         });
     }
     Ok(SftData {
-        path: path.to_path_buf(),
+        path: PathBuf::from(&spec.path),
         examples,
         too_long,
     })

@@ -186,8 +186,7 @@ pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSu
                 if opts.max_groups.is_some_and(|m| submitted >= m) {
                     break;
                 }
-                let i = stage.next_prompt(&opts);
-                let rec = &stage.dataset.prompts[i];
+                let rec = stage.next_prompt(&opts)?;
                 let mode = choose_mode(seed, rec.id, stage.epoch, stage.config.mode_mix);
                 let prompt_ids = chat.encode_chat(&rec.messages, true, mode)?;
                 let tag = next_tag;
@@ -208,7 +207,7 @@ pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSu
                         stage: stage.config.kind,
                         stage_index,
                         actor_id: opts.actor_id,
-                        reference: rec.reference.clone(),
+                        reference: rec.reference,
                         verifier: stage.verifier.clone(),
                     };
                     contexts.insert(tag, (Arc::new(ctx), stage.group_size));

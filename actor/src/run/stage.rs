@@ -11,7 +11,7 @@ use cascade_shared::config::StageConfig;
 
 use super::seeds::{mix, ORDER_SALT};
 use super::ActorOptions;
-use crate::dataset::Dataset;
+use crate::dataset::{Dataset, PromptRecord};
 use crate::engine::GenParams;
 use crate::error::{ActorError, Result};
 use crate::sampler::philox::uniform_bits;
@@ -72,7 +72,11 @@ impl Stage {
                 ActorError::Invalid(format!("stage index {index} is not in the run config"))
             })?
             .clone();
-        let dataset = Dataset::load(cfg.resolve(&config.dataset), config.kind)?;
+        let (kind, domain) = config.data_kind();
+        let spec = cfg
+            .data_spec(&config.dataset, kind, domain)
+            .map_err(|e| ActorError::Invalid(format!("stage {}: dataset {e}", config.name)))?;
+        let dataset = Dataset::open(&spec)?;
         let verifier = build_verifier(index as usize, cfg, &opts.run_dir, &opts.device, stop)?;
         let o = &opts.overrides;
         let top_k = o.top_k.unwrap_or(cfg.actor.top_k);
@@ -115,8 +119,9 @@ impl Stage {
     fn shuffle(&mut self, opts: &ActorOptions) {
         let actors = opts.config.devices.actor_assignment().len().max(1) as u64;
         let mine = opts.actor_id as u64 % actors;
-        let mut order: Vec<usize> = (0..self.dataset.prompts.len())
-            .filter(|i| *i as u64 % actors == mine || self.dataset.prompts.len() as u64 <= mine)
+        let n = self.dataset.len();
+        let mut order: Vec<usize> = (0..n)
+            .filter(|i| *i as u64 % actors == mine || n as u64 <= mine)
             .collect();
         let seed = self.params.seed ^ ORDER_SALT;
         let epoch = self.epoch;
@@ -133,7 +138,7 @@ impl Stage {
 
     /// On-policy: the prompt at global index `g` of the stage (every actor agrees on it).
     fn shared_prompt(&mut self, opts: &ActorOptions, g: u64) -> usize {
-        let n = self.dataset.prompts.len() as u64;
+        let n = self.dataset.len() as u64;
         let epoch = g / n;
         if self.shared_order.as_ref().map(|(e, _)| *e) != Some(epoch) {
             let seed = opts.config.actor.seed ^ ORDER_SALT;
@@ -176,19 +181,22 @@ impl Stage {
     }
 
     /// The next prompt, skipping retired ones unless they come back by chance (a bounded
-    /// number of tries, so a fully retired dataset still yields prompts).
-    pub(super) fn next_prompt(&mut self, opts: &ActorOptions) -> usize {
-        let tries = self.dataset.prompts.len().max(1);
+    /// number of tries, so a fully retired dataset still yields prompts), read through the
+    /// dataset's index.
+    pub(super) fn next_prompt(&mut self, opts: &ActorOptions) -> Result<PromptRecord> {
+        let tries = self.dataset.len().max(1);
         let mut i = self.draw(opts);
         for _ in 0..tries {
-            let id = self.dataset.prompts[i].id;
-            let back = self.tracker.as_mut().is_none_or(|t| t.should_draw(id));
+            let back = match self.tracker.as_mut() {
+                None => true,
+                Some(t) => t.should_draw(self.dataset.id(i)?),
+            };
             if back {
                 break;
             }
             i = self.draw(opts);
         }
-        i
+        self.dataset.get(i)
     }
 
     /// Adopts the learner's prompt outcomes of this stage from a snapshot (with the run's

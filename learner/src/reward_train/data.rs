@@ -1,9 +1,8 @@
-//! Preference pairs: the JSONL file format and the token ids of a pair's two conversations.
+//! Preference pairs: how they are read and the token ids of a pair's two conversations.
 
-use std::fs::File;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 
+use cascade_shared::data::{scan, DataReader, DataSpec, Kind, Row};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{LearnerError, Result};
@@ -19,35 +18,40 @@ pub struct PreferencePair {
     pub rejected: String,
 }
 
-/// Reads preference pairs from a JSONL file. Blank lines are skipped; unknown keys ignored. A
-/// line that is not a JSON object with string `prompt`, `chosen` and `rejected` is an error
-/// naming the file and the 1-based line.
+/// Reads preference pairs from a file, glob or directory, the layout recognised from the
+/// columns; see [`load_pairs_from`].
 pub fn load_pairs(path: &Path) -> Result<Vec<PreferencePair>> {
-    let file = File::open(path).map_err(|e| LearnerError::io(path, e))?;
-    let bad_line = |line: usize, reason: String| {
-        LearnerError::io(
-            path,
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("line {line}: {reason}"),
-            ),
-        )
-    };
-    let mut out = Vec::new();
-    for (i, line) in BufReader::new(file).lines().enumerate() {
-        let line_no = i + 1;
-        let line = line.map_err(|e| bad_line(line_no, e.to_string()))?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let pair: PreferencePair = serde_json::from_str(&line).map_err(|e| {
-            bad_line(
-                line_no,
-                format!("not a {{\"prompt\", \"chosen\", \"rejected\"}} object: {e}"),
-            )
-        })?;
-        out.push(pair);
+    load_pairs_from(&DataSpec::of_kind(path, Kind::Pairs))
+}
+
+/// Reads the preference pairs of `spec` through `cascade_shared::data`: our JSONL layout
+/// (string `prompt`, `chosen`, `rejected`; other keys ignored; blank lines skipped) or a pairs
+/// preset (HelpSteer3 with ties dropped, Skywork, TRL) or a column mapping, JSONL or Parquet. A
+/// row that does not make a pair is counted and logged naming file, row and column; a dataset
+/// with no usable pair is an error with the first reasons.
+pub fn load_pairs_from(spec: &DataSpec) -> Result<Vec<PreferencePair>> {
+    let reader = DataReader::open(spec)?;
+    if reader.kind() != Kind::Pairs {
+        return Err(LearnerError::InvalidConfig(format!(
+            "{}: holds {} rows, not preference pairs",
+            spec.path,
+            reader.kind().as_str()
+        )));
     }
+    let mut out = Vec::new();
+    scan(&reader, |_, row| match row {
+        Row::Pair(p) => {
+            out.push(PreferencePair {
+                prompt: p.prompt,
+                chosen: p.chosen,
+                rejected: p.rejected,
+            });
+            Ok(())
+        }
+        _ => Err(cascade_shared::data::record::FieldError::row(
+            "not a preference pair",
+        )),
+    })?;
     Ok(out)
 }
 
@@ -66,7 +70,7 @@ mod tests {
     use std::fs;
 
     #[test]
-    fn malformed_line_names_file_and_line() {
+    fn malformed_lines_are_counted_and_named_and_no_usable_pair_is_an_error() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("pairs.jsonl");
         fs::write(
@@ -75,17 +79,19 @@ mod tests {
              {\"prompt\": \"p\", \"chosen\": \"a\"}\n",
         )
         .unwrap();
-        let err = load_pairs(&path).unwrap_err().to_string();
-        assert!(err.contains("pairs.jsonl"), "{err}");
-        assert!(err.contains("line 3"), "{err}");
-        assert!(err.contains("rejected"), "{err}");
+        // The bad line is rejected (and logged); the good one is used.
+        let pairs = load_pairs(&path).unwrap();
+        assert_eq!(pairs.len(), 1);
+        assert_eq!(pairs[0].chosen, "a");
         fs::write(
             &path,
-            "{\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\"}\nnope\n",
+            "{\"prompt\": \"p\", \"chosen\": 3, \"rejected\": \"b\"}\nnope\n",
         )
         .unwrap();
         let err = load_pairs(&path).unwrap_err().to_string();
-        assert!(err.contains("line 2"), "{err}");
+        assert!(err.contains("all 2 rows rejected"), "{err}");
+        assert!(err.contains("pairs.jsonl:1: column `chosen`"), "{err}");
+        assert!(err.contains("pairs.jsonl:2: not valid JSON"), "{err}");
         fs::write(
             &path,
             "{\"prompt\": \"p\", \"chosen\": \"a\", \"rejected\": \"b\"}\n",

@@ -13,9 +13,10 @@
 //! [`LrSchedule`](crate::schedule::LrSchedule). Every backbone tensor and the head
 //! are trained.
 //!
-//! Data: JSONL, one `{"prompt": str, "chosen": str, "rejected": str}` per line (other keys are
-//! ignored, blank lines skipped); [`load_pairs`] names the file and the 1-based line of a
-//! malformed one. A pair whose chosen or rejected conversation is longer than `max_len` tokens
+//! Data: read through `cascade_shared::data` ([`load_pairs_from`]): our JSONL, one `{"prompt":
+//! str, "chosen": str, "rejected": str}` per line (other keys are ignored, blank lines
+//! skipped), or a pairs preset / column mapping, JSONL or Parquet; a malformed row is counted
+//! and logged naming file, row and column, and a file with no usable pair is an error. A pair whose chosen or rejected conversation is longer than `max_len` tokens
 //! (or the model's context) is **skipped**, not truncated, and counted.
 //!
 //! [`RmTrainer::save`] writes a Hugging Face directory that the actor's
@@ -42,7 +43,7 @@ mod trainer;
 mod test_support;
 
 pub use config::RmTrainConfig;
-pub use data::{load_pairs, EncodedPair, PreferencePair};
+pub use data::{load_pairs, load_pairs_from, EncodedPair, PreferencePair};
 pub use head::{HeadInit, SCORE_WEIGHT};
 pub use loss::pairwise_loss;
 pub use save::{is_complete, COMPLETE_FILE};

@@ -9,10 +9,11 @@ use rand::seq::SliceRandom;
 use serde::Serialize;
 
 use super::config::RmTrainConfig;
-use super::data::load_pairs;
+use super::data::load_pairs_from;
 use super::head::HeadInit;
 use super::trainer::{RmStepStats, RmTrainer};
 use crate::error::{LearnerError, Result};
+use cascade_shared::data::DataSpec;
 use cascade_shared::rng;
 
 /// Draws batches from a shuffled order, reshuffling (seeded) at each epoch.
@@ -90,15 +91,15 @@ pub struct RmReport {
 /// [`RmTrainer::save`]) and returns the report. `on_step` sees every step's statistics.
 pub fn train_reward_model(
     inputs: RmInputs,
-    train: &Path,
-    heldout: Option<&Path>,
+    train: &DataSpec,
+    heldout: Option<&DataSpec>,
     out_dir: &Path,
     cfg: &RmTrainConfig,
     mut on_step: impl FnMut(&RmStepStats),
 ) -> Result<RmReport> {
     cfg.validate()?;
-    let train_raw = load_pairs(train)?;
-    let heldout_raw = heldout.map(load_pairs).transpose()?;
+    let train_raw = load_pairs_from(train)?;
+    let heldout_raw = heldout.map(load_pairs_from).transpose()?;
     let RmInputs {
         model,
         params,
@@ -113,7 +114,7 @@ pub fn train_reward_model(
     if train_pairs.is_empty() {
         return Err(LearnerError::InvalidBatch(format!(
             "{}: no usable preference pair ({} read, {skipped_too_long} longer than {} tokens)",
-            train.display(),
+            train.path,
             train_raw.len(),
             trainer.max_len()
         )));
@@ -125,7 +126,7 @@ pub fn train_reward_model(
             if pairs.is_empty() {
                 return Err(LearnerError::InvalidBatch(format!(
                     "{}: no usable preference pair ({} read, {skipped} longer than {} tokens)",
-                    path.display(),
+                    path.path,
                     raw.len(),
                     trainer.max_len()
                 )));
@@ -192,6 +193,7 @@ mod tests {
     use super::super::{is_complete, PreferencePair, SCORE_WEIGHT};
     use super::*;
     use candle_core::Device;
+    use cascade_shared::data::Kind;
     use cascade_shared::model::{random_weights, trainable_from_tensors, Checkpoint};
     use cascade_shared::tokenizer::tiny_tokenizer;
     use std::fs;
@@ -232,9 +234,14 @@ mod tests {
         };
         let out = dir.path().join("rm");
         let mut losses = Vec::new();
-        let report = train_reward_model(inputs, &train, Some(&heldout), &out, &cfg, |s| {
-            losses.push(s.loss)
-        })
+        let report = train_reward_model(
+            inputs,
+            &DataSpec::of_kind(&train, Kind::Pairs),
+            Some(&DataSpec::of_kind(&heldout, Kind::Pairs)),
+            &out,
+            &cfg,
+            |s| losses.push(s.loss),
+        )
         .unwrap();
         eprintln!("{report:?}\nlosses {losses:?}");
         assert_eq!(losses.len(), 40);

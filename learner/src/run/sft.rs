@@ -10,7 +10,7 @@ use super::settings::lr_schedule;
 use super::Learner;
 use crate::error::Result;
 use crate::optim::StepOutcome;
-use crate::sft::{accumulate_sft_gradients, load_sft, SftSchedule};
+use crate::sft::{accumulate_sft_gradients, load_sft_from, SftSchedule};
 
 /// Salt of the SFT packing order.
 const SFT_SALT: u64 = 0x5f73_6674_5f6f_7264;
@@ -23,7 +23,9 @@ impl<S: RolloutSource> Learner<'_, S> {
     pub(super) fn sft_schedule(&self, index: usize, stage: &StageConfig) -> Result<SftSchedule> {
         let config = &self.opts.config;
         let budget = stage.token_budget.unwrap_or(DEFAULT_TOKEN_BUDGET);
-        let data = load_sft(&config.resolve(&stage.dataset), &self.chat, budget)?;
+        let (kind, _) = stage.data_kind();
+        let spec = config.data_spec(&stage.dataset, kind, None)?;
+        let data = load_sft_from(&spec, &self.chat, budget)?;
         if data.too_long > 0 {
             tracing::warn!(
                 "stage {}: {} conversations longer than {budget} tokens skipped",

@@ -1,10 +1,9 @@
 //! `[reward_model]` (training the RLHF reward model inside the run) and `[eval]` (the held-out
 //! evaluation after every stage).
 
-use std::path::PathBuf;
-
 use serde::{Deserialize, Serialize};
 
+use super::dataset::DatasetEntry;
 use super::error::{invalid, Result};
 
 /// `[reward_model]`: a Bradley–Terry reward model trained by the learner on preference pairs
@@ -14,11 +13,12 @@ use super::error::{invalid, Result};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RewardModelTrainConfig {
-    /// Preference pairs, JSONL `{"prompt", "chosen", "rejected"}`, relative to the config file.
-    pub dataset: PathBuf,
+    /// Preference pairs (`{"prompt", "chosen", "rejected"}` JSONL, or a pairs preset such as
+    /// HelpSteer3 / Skywork / TRL), a file, glob or directory relative to the config file.
+    pub dataset: DatasetEntry,
     /// Held-out pairs for the pairwise accuracy report.
     #[serde(default)]
-    pub heldout: Option<PathBuf>,
+    pub heldout: Option<DatasetEntry>,
     /// Optimizer steps.
     #[serde(default = "default_rm_steps")]
     pub steps: usize,
@@ -56,6 +56,10 @@ impl RewardModelTrainConfig {
     pub(crate) fn validate(&self) -> Result<()> {
         if self.steps == 0 {
             return Err(invalid("reward_model.steps", "must be at least 1"));
+        }
+        self.dataset.validate("reward_model.dataset")?;
+        if let Some(h) = &self.heldout {
+            h.validate("reward_model.heldout")?;
         }
         if !(self.lr > 0.0 && self.lr.is_finite()) {
             return Err(invalid(

@@ -5,6 +5,7 @@
 //! ([`ActorArgs`], [`LearnerArgs`], [`ReplayArgs`]) → [`RunConfig::validate`]. Every table
 //! denies unknown keys; errors name the key path and the allowed keys, values or type.
 
+mod dataset;
 mod devices;
 mod error;
 mod extra;
@@ -18,6 +19,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub use dataset::DatasetEntry;
 pub use devices::{parse_devices, Device, DeviceSpec, DevicesConfig};
 pub use error::{ConfigError, Result};
 pub use extra::{EvalConfig, RewardModelTrainConfig};
@@ -233,10 +235,11 @@ impl RunConfig {
                 files.push(("model.init.tokenizer".into(), t));
             }
         }
+        let mut datasets: Vec<(String, &DatasetEntry)> = Vec::new();
         for (i, s) in self.stages.iter().enumerate() {
-            files.push((format!("stages[{i}].dataset"), &s.dataset));
+            datasets.push((format!("stages[{i}].dataset"), &s.dataset));
             if let Some(h) = &s.heldout {
-                files.push((format!("stages[{i}].heldout"), h));
+                datasets.push((format!("stages[{i}].heldout"), h));
             }
             if let Some(rm) = &s.verifier.reward_model {
                 files.push((format!("stages[{i}].verifier.reward_model"), rm));
@@ -246,9 +249,20 @@ impl RunConfig {
             }
         }
         if let Some(rm) = &self.reward_model {
-            files.push(("reward_model.dataset".into(), &rm.dataset));
+            datasets.push(("reward_model.dataset".into(), &rm.dataset));
             if let Some(h) = &rm.heldout {
-                files.push(("reward_model.heldout".into(), h));
+                datasets.push(("reward_model.heldout".into(), h));
+            }
+        }
+        for (key, entry) in datasets {
+            if entry.is_pattern() {
+                // A glob must match at least one dataset file.
+                let pattern = self.resolve(&entry.path);
+                if crate::data::reader::resolve_files(&pattern.display().to_string()).is_err() {
+                    return Err(ConfigError::MissingFile { key, path: pattern });
+                }
+            } else {
+                files.push((key, &entry.path));
             }
         }
         for (key, path) in files {

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use super::dataset::DatasetEntry;
 use super::error::{invalid, Result};
 use crate::StageKind;
 
@@ -148,11 +149,12 @@ pub struct StageConfig {
     pub name: String,
     /// sft | rlhf | if | math | code | swe.
     pub kind: StageKind,
-    /// Training data (JSONL), relative to the config file.
-    pub dataset: PathBuf,
-    /// Held-out evaluation data (JSONL), relative to the config file.
+    /// Training data: a file, a glob or a directory of JSONL / Parquet shards (relative to the
+    /// config file), optionally with its schema (see [`DatasetEntry`]).
+    pub dataset: DatasetEntry,
+    /// Held-out evaluation data, as `dataset`.
     #[serde(default)]
-    pub heldout: Option<PathBuf>,
+    pub heldout: Option<DatasetEntry>,
     /// Optimizer steps of the stage.
     pub steps: usize,
     /// Peak learning rate.
@@ -325,6 +327,10 @@ impl StageConfig {
         }
         if self.steps == 0 {
             return Err(invalid(key("steps"), "must be at least 1"));
+        }
+        self.dataset.validate(&key("dataset"))?;
+        if let Some(h) = &self.heldout {
+            h.validate(&key("heldout"))?;
         }
         if !(self.lr > 0.0 && self.lr.is_finite()) {
             return Err(invalid(key("lr"), format!("must be > 0, got {}", self.lr)));

@@ -14,7 +14,11 @@
 //! - [`reader`]: a dataset (one file, a glob or a directory of shards) with a schema, read
 //!   sequentially, by row number, or as one actor's shard; every rejected row is a
 //!   [`RowError`] naming file, row and column.
+//! - [`checked`]: how the trainer opens a dataset ([`scan`] for one pass, [`Indexed`] for
+//!   access by position): every rejection counted and logged, a dataset with no usable row an
+//!   error at start.
 
+pub mod checked;
 pub mod codec;
 pub mod index;
 pub mod jsonl;
@@ -26,6 +30,7 @@ pub mod schema;
 
 mod error;
 
+pub use checked::{open_and_scan, scan, Indexed};
 pub use error::{DataError, Result, RowError};
 pub use index::{FileFormat, RawFile};
 pub use presets::{detect, MapOptions, Preset, Probe};

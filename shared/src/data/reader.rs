@@ -57,6 +57,18 @@ pub struct DataSpec {
     pub until: Option<String>,
 }
 
+impl DataSpec {
+    /// `path` (a file, glob or directory) read as rows of `kind`, the schema recognised from
+    /// the columns.
+    pub fn of_kind(path: impl AsRef<Path>, kind: Kind) -> DataSpec {
+        DataSpec {
+            path: path.as_ref().display().to_string(),
+            kind: Some(kind),
+            ..DataSpec::default()
+        }
+    }
+}
+
 /// What became of one row.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
@@ -75,6 +87,10 @@ pub struct ReadRow {
     pub index: u64,
     /// What became of it.
     pub outcome: Outcome,
+    /// Index of its file in [`DataReader::files`].
+    pub file: usize,
+    /// What messages call it: the 1-based line (JSONL) or row (Parquet) in its file.
+    pub row_no: u64,
 }
 
 /// Counts of a full pass.
@@ -408,7 +424,29 @@ impl DataReader {
                 Err(NotRead::Rejected(e)) => Outcome::Rejected(err(e)),
             },
         };
-        ReadRow { index, outcome }
+        ReadRow {
+            index,
+            outcome,
+            file,
+            row_no: raw.row_no,
+        }
+    }
+
+    /// A rejection of the row at `row_no` of file `file` (a [`ReadRow`]'s) for `e`: for a
+    /// consumer that refuses a row the mapping accepted (a conversation the chat template
+    /// cannot render).
+    pub fn reject(&self, file: usize, row_no: u64, e: FieldError) -> RowError {
+        RowError {
+            path: self.files[file].path().to_path_buf(),
+            row: row_no,
+            column: e.column,
+            reason: e.reason,
+        }
+    }
+
+    /// The dataset as given (a file, glob or directory), for messages.
+    pub fn pattern(&self) -> &str {
+        &self.pattern
     }
 }
 

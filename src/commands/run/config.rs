@@ -5,7 +5,9 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use cascade_shared::config::{Device, DeviceSpec, RunConfig};
+use cascade_shared::config::{DatasetEntry, Device, DeviceSpec, RunConfig};
+use cascade_shared::data::{scan, DataReader, DataSpec, Kind};
+use cascade_shared::StageKind;
 
 use super::RunArgs;
 
@@ -62,6 +64,9 @@ pub(super) fn prepare(
     if !embedded {
         if let Err(e) = config.check_files() {
             return Ok(Err(ConfigProblem(one_line(&e.to_string()))));
+        }
+        if let Err(msg) = check_datasets(&config) {
+            return Ok(Err(ConfigProblem(one_line(&msg))));
         }
     }
     if !args.skip_memory_check {
@@ -124,6 +129,50 @@ fn load_config(args: &RunArgs, run_dir: &Path, resuming: bool) -> Result<RunConf
     Ok(config)
 }
 
+/// Reads every dataset the config names once through, as the learner and the actors will
+/// read them (schema, kind, RL domain): rejected rows are counted and logged with file, row and
+/// column, and a dataset with no usable row stops the run here, before anything is created,
+/// with its first reasons (rather than when a later stage reaches it).
+fn check_datasets(config: &RunConfig) -> Result<(), String> {
+    let mut entries: Vec<(String, &DatasetEntry, Kind, Option<StageKind>)> = Vec::new();
+    for s in &config.stages {
+        let (kind, domain) = s.data_kind();
+        entries.push((
+            format!("stages.{}.dataset", s.name),
+            &s.dataset,
+            kind,
+            domain,
+        ));
+        if let (Some(h), true) = (&s.heldout, s.is_rl()) {
+            entries.push((format!("stages.{}.heldout", s.name), h, kind, domain));
+        }
+    }
+    if let Some(rm) = &config.reward_model {
+        entries.push((
+            "reward_model.dataset".into(),
+            &rm.dataset,
+            Kind::Pairs,
+            None,
+        ));
+        if let Some(h) = &rm.heldout {
+            entries.push(("reward_model.heldout".into(), h, Kind::Pairs, None));
+        }
+    }
+    let mut checked: Vec<DataSpec> = Vec::new();
+    for (key, entry, kind, domain) in entries {
+        let spec = config
+            .data_spec(entry, kind, domain)
+            .map_err(|e| format!("{key}: {e}"))?;
+        if checked.contains(&spec) {
+            continue;
+        }
+        let reader = DataReader::open(&spec).map_err(|e| format!("{key}: {e}"))?;
+        scan(&reader, |_, _| Ok(())).map_err(|e| format!("{key}: {e}"))?;
+        checked.push(spec);
+    }
+    Ok(())
+}
+
 /// A multi-line message (some parsers add context lines) as one line.
 fn one_line(msg: &str) -> String {
     msg.lines()
@@ -150,9 +199,9 @@ fn absolutize(config: &mut RunConfig) {
         }
     }
     for s in &mut config.stages {
-        s.dataset = abs(&snapshot, &s.dataset);
+        s.dataset.path = abs(&snapshot, &s.dataset.path);
         if let Some(h) = &mut s.heldout {
-            *h = abs(&snapshot, h);
+            h.path = abs(&snapshot, &h.path);
         }
         if let Some(rm) = &mut s.verifier.reward_model {
             *rm = abs(&snapshot, rm);
@@ -162,9 +211,9 @@ fn absolutize(config: &mut RunConfig) {
         }
     }
     if let Some(rm) = &mut config.reward_model {
-        rm.dataset = abs(&snapshot, &rm.dataset);
+        rm.dataset.path = abs(&snapshot, &rm.dataset.path);
         if let Some(h) = &mut rm.heldout {
-            *h = abs(&snapshot, h);
+            h.path = abs(&snapshot, &h.path);
         }
     }
 }
