@@ -75,8 +75,8 @@ const TABLE: &[(&str, &str, usize, usize, usize)] = &[
     ("math500.jsonl", "math-500", 2, 0, 0),
     ("deepscaler.jsonl", "deepscaler", 2, 0, 0),
     ("ifeval_input_data.jsonl", "ifeval", 2, 1, 0),
-    ("livecodebench.jsonl", "livecodebench", 2, 2, 0),
-    ("apps.jsonl", "apps", 1, 2, 0),
+    ("livecodebench.jsonl", "livecodebench", 3, 1, 0),
+    ("apps.jsonl", "apps", 2, 1, 0),
     ("code_contests.parquet", "code-contests", 1, 1, 0),
     ("swe_bench.parquet", "swe-bench", 1, 1, 0),
     ("swe_smith.jsonl", "swe-smith", 1, 2, 0),
@@ -211,16 +211,21 @@ fn code_presets_decode_their_tests() {
         reference["tests"][1],
         json!({"stdin": "3\n1 2 3\n", "stdout": "6\n"})
     );
+    assert_eq!(reference["stdout_compare"], "lcb");
+    // The LeetCode row has only call-based ("functional") tests: a function name, the calls
+    // and the starter code, shown in the prompt.
+    let (msgs, calls) = rl(&r.accepted[1]);
+    assert_eq!(calls["fn_name"], "twoSum");
+    assert_eq!(
+        calls["call_tests"][0],
+        json!({"input": "[2,7,11,15]\n9", "output": "[0, 1]"})
+    );
+    assert!(msgs[0].content.contains("class Solution"), "{}", msgs[0].content);
+    assert_eq!(r.rejected[0].column.as_deref(), Some("private_test_cases"));
     assert!(
-        r.rejected[0].reason.contains("call-based"),
+        r.rejected[0].reason.contains("more than a string"),
         "{}",
         r.rejected[0]
-    );
-    assert_eq!(r.rejected[1].column.as_deref(), Some("private_test_cases"));
-    assert!(
-        r.rejected[1].reason.contains("more than a string"),
-        "{}",
-        r.rejected[1]
     );
     // Contest-date filter: only the 2025 problem stays.
     let r = read_spec(DataSpec {
@@ -237,6 +242,11 @@ fn code_presets_decode_their_tests() {
     assert_eq!(
         rl(&r.accepted[0]).1["tests"][1],
         json!({"stdin": "10 20\n", "stdout": "30\n"})
+    );
+    assert_eq!(rl(&r.accepted[1]).1["fn_name"], "square");
+    assert_eq!(
+        rl(&r.accepted[1]).1["call_tests"][1],
+        json!({"input": [3], "output": [9]})
     );
     let r = read("code_contests.parquet");
     assert_eq!(rl(&r.accepted[0]).1["tests"].as_array().unwrap().len(), 3);

@@ -117,7 +117,7 @@ pub fn required_fields(kind: StageKind) -> &'static [&'static [&'static str]] {
     match kind {
         StageKind::Math => &[&["answer"]],
         StageKind::If => &[&["instruction_id_list"], &["kwargs"]],
-        StageKind::Code => &[&["tests", "test_code"]],
+        StageKind::Code => &[&["tests", "call_tests", "test_code"]],
         StageKind::Swe => &[&["gold_patch"]],
         StageKind::Rlhf | StageKind::Sft => &[],
     }
@@ -226,18 +226,18 @@ pub fn check_domain(obj: &Map<String, Value>, kind: StageKind) -> FieldResult<()
             "`test_code` needs `entry_point`",
         ));
     }
+    if kind == StageKind::Code && obj.contains_key("call_tests") && !obj.contains_key("fn_name") {
+        return Err(FieldError::col(
+            "call_tests",
+            "call-based tests need `fn_name`, the function they call",
+        ));
+    }
     for alternatives in required_fields(kind) {
         if !alternatives.iter().any(|f| obj.contains_key(*f)) {
             let mut reason = format!(
                 "a {kind} prompt needs `{}`, which this row does not have",
                 alternatives.join("` or `")
             );
-            if kind == StageKind::Code && obj.contains_key("call_tests") {
-                reason.push_str(
-                    " (it has call-based tests, `call_tests`, which the code verifier does not \
-                     run yet)",
-                );
-            }
             if kind == StageKind::Swe && obj.contains_key("FAIL_TO_PASS") {
                 reason.push_str(
                     " (it has tests, `FAIL_TO_PASS`, but the SWE verifier scores against a gold \
@@ -327,13 +327,21 @@ mod tests {
         let e =
             rl_from_canonical(obj(json!({"messages": [{"role": "user"}]})), 0, None).unwrap_err();
         assert_eq!(e.column.as_deref(), Some("messages[0]"));
+        let calls = json!([{"input": "1", "output": "2"}]);
+        let r = rl_from_canonical(
+            obj(json!({"prompt": "q", "call_tests": calls, "fn_name": "f"})),
+            0,
+            Some(StageKind::Code),
+        )
+        .unwrap();
+        assert_eq!(r.reference["fn_name"], "f");
         let e = rl_from_canonical(
-            obj(json!({"prompt": "q", "call_tests": [], "fn_name": "f"})),
+            obj(json!({"prompt": "q", "call_tests": calls})),
             0,
             Some(StageKind::Code),
         )
         .unwrap_err();
-        assert!(e.reason.contains("call-based"), "{e:?}");
+        assert_eq!(e.column.as_deref(), Some("call_tests"), "{e:?}");
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //! Tests become our canonical fields: stdin/stdout cases as `tests: [{"stdin", "stdout"}]`
 //! (what the code verifier runs); call-based cases (LiveCodeBench "functional", APPS/TACO rows
 //! with `fn_name`) as `fn_name` + `call_tests: [{"input", "output"}]`, which the code verifier
-//! does not run yet, so a code stage rejects rows that have only those, saying so.
+//! runs in its call harness (`rewards/src/code/calls.py`). LiveCodeBench rows also get
+//! `stdout_compare = "lcb"` (its line rule for stdin/stdout tests); APPS-style rows keep the
+//! verifier's default, the APPS rule.
 
 use serde_json::{json, Map, Value};
 
@@ -182,6 +184,7 @@ pub fn livecodebench(row: &Map<String, Value>, opts: &MapOptions) -> FieldResult
     );
     if !stdio.is_empty() {
         out.insert("tests".into(), Value::Array(stdio));
+        out.insert("stdout_compare".into(), Value::String("lcb".into()));
     }
     if functional {
         let meta = match row.get("metadata") {
