@@ -7,6 +7,7 @@
 #
 #   scripts/bench-learner-memory.sh [TOKENS ...]      (default: 1024 2048 4096 8192 16384)
 #   BENCH_CHECKPOINT="1 0" (the settings to run, default both)
+#   BENCH_PROFILE=dev (default release; memory does not depend on it, time does)
 #
 # Columns: peak RSS of the forward + backward; the fixed state (weights, gradients, AdamW
 # moments: 16 bytes per parameter); activations = peak − fixed − the process before the model;
@@ -19,8 +20,11 @@ cd "$(dirname "$0")/.."
 tokens=("$@")
 [ ${#tokens[@]} -gt 0 ] || tokens=(1024 2048 4096 8192 16384)
 settings=(${BENCH_CHECKPOINT:-1 0})
-cargo build --release -q -p cascade-learner --example sft_step_memory
-BIN=${CARGO_TARGET_DIR:-target}/release/examples/sft_step_memory
+PROFILE=${BENCH_PROFILE:-release}
+cargo build --profile "$PROFILE" -q --workspace --example sft_step_memory
+DIR=$PROFILE
+[ "$PROFILE" = dev ] && DIR=debug
+BIN=${CARGO_TARGET_DIR:-target}/$DIR/examples/sft_step_memory
 printf '%-10s %7s %11s %10s %13s %11s %12s %12s %9s\n' checkpoint tokens "peak MiB" "fixed MiB" "activ. MiB" "KB/token" "slope KB/tok" "optim MiB" "step s"
 for ck in "${settings[@]}"; do
   prev=""

@@ -60,7 +60,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (mut model, vars) = trainable_from_tensors(&cfg, tensors)?;
     model.set_checkpoint_every(checkpoint);
     assert_eq!(model.dtype(), DType::F32);
-    let mut opt = AdamW::new(vars.vars.clone().into_iter().collect(), AdamWConfig::default())?;
+    let mut opt = AdamW::new(
+        vars.vars.clone().into_iter().collect(),
+        AdamWConfig::default(),
+    )?;
     // One conversation: a 10% prompt, the rest trained.
     let row = |tokens: usize| {
         let ids: Vec<u32> = (0..tokens as u64)

@@ -163,8 +163,13 @@ fn checkpointing_gives_the_same_gradients() -> Result<()> {
                 None,
             )?;
             let (lp, grad, which) = compare(&got, &plain)?;
-            eprintln!("{name} checkpoint every {checkpoint}: logprobs {lp}, grads {grad} ({which})");
-            assert!(lp < 1e-5 && grad < 1e-5, "{name} k={checkpoint}: {lp} / {grad} {which}");
+            eprintln!(
+                "{name} checkpoint every {checkpoint}: logprobs {lp}, grads {grad} ({which})"
+            );
+            assert!(
+                lp < 1e-5 && grad < 1e-5,
+                "{name} k={checkpoint}: {lp} / {grad} {which}"
+            );
         }
     }
     Ok(())
@@ -215,8 +220,20 @@ fn chunked_logprobs_equal_full_logits_at_every_length() -> Result<()> {
 
 #[test]
 fn chunked_and_checkpointed_in_bf16() -> Result<()> {
+    // Two bf16 runs differ wherever they round differently, so both are measured against the
+    // f32 gradients of the same (bf16-rounded) weights, as `flash_attn.rs` does: the log-probs
+    // to 1e-2, and the chunked, checkpointed path no further from f32 than the plain bf16 path
+    // (whose worst parameter, a q/k-norm weight summed over every position and head, is
+    // itself ~0.13 off here).
     let (model, params) = random_model(true, DType::BF16)?;
+    let rounded = params
+        .vars
+        .iter()
+        .map(|(k, v)| Ok((k.clone(), v.as_tensor().to_dtype(DType::F32)?)))
+        .collect::<Result<_>>()?;
+    let (model32, params32) = trainable_from_tensors(model.config(), rounded)?;
     let data = batch(300, 130, 3)?;
+    let reference = gradients(&model32, &params32, Path::Plain, &data, None)?;
     let plain = gradients(&model, &params, Path::Plain, &data, None)?;
     let got = gradients(
         &model,
@@ -228,9 +245,14 @@ fn chunked_and_checkpointed_in_bf16() -> Result<()> {
         &data,
         None,
     )?;
-    let (lp, grad, which) = compare(&got, &plain)?;
-    eprintln!("bf16: logprobs {lp}, grads {grad} ({which})");
-    assert!(lp < 1e-2 && grad < 1e-2, "{lp} / {grad} {which}");
+    let (lp, grad, which) = compare(&got, &reference)?;
+    let (lp_plain, grad_plain, _) = compare(&plain, &reference)?;
+    eprintln!("bf16 vs f32: chunked logprobs {lp}, grads {grad} ({which}); plain {lp_plain} / {grad_plain}");
+    assert!(lp < 1e-2, "logprobs {lp}");
+    assert!(
+        grad <= grad_plain * 1.1 + 1e-3 && grad < 0.1,
+        "{grad} vs {grad_plain} {which}"
+    );
     Ok(())
 }
 
@@ -248,17 +270,24 @@ fn selected_positions_give_the_same_logprobs_and_gradients() -> Result<()> {
     m.set_logits_chunk_rows(Some(16));
     m.set_checkpoint_every(1);
     let lp = m
-        .token_logprobs_selected(&ids, Some(&mask), &Tensor::new(selected.as_slice(), &Device::Cpu)?)?
+        .token_logprobs_selected(
+            &ids,
+            Some(&mask),
+            &Tensor::new(selected.as_slice(), &Device::Cpu)?,
+        )?
         .mul(&Tensor::from_vec(weights, n, &Device::Cpu)?)?;
     let grads = lp.sum_all()?.neg()?.backward()?;
     let plain = gradients(&model, &params, Path::Plain, &(ids.clone(), mask, w), None)?;
-    let all = plain.0.flatten_all()?.index_select(
-        &Tensor::new(selected.as_slice(), &Device::Cpu)?,
-        0,
-    )?;
+    let all = plain
+        .0
+        .flatten_all()?
+        .index_select(&Tensor::new(selected.as_slice(), &Device::Cpu)?, 0)?;
     assert!(relative(&lp, &all)? < 1e-5);
     for (name, var) in &params.vars {
-        let r = relative(grads.get(var.as_tensor()).context("gradient")?, &plain.1[name])?;
+        let r = relative(
+            grads.get(var.as_tensor()).context("gradient")?,
+            &plain.1[name],
+        )?;
         assert!(r < 1e-5, "{name}: {r}");
     }
     // An index outside the grid is an error, not a panic.
@@ -290,6 +319,9 @@ fn a_sequence_longer_than_the_context_names_its_row() -> Result<()> {
         other => panic!("{other}"),
     }
     let text = err.to_string();
-    assert!(text.contains("row 1") && text.contains(&format!("{}", max + 1)), "{text}");
+    assert!(
+        text.contains("row 1") && text.contains(&format!("{}", max + 1)),
+        "{text}"
+    );
     Ok(())
 }

@@ -18,7 +18,10 @@ fn a_step_that_allocates_shows_in_its_peak() {
     drop(big);
     let reading = m.finish(&Device::Cpu);
     let peak = reading.peak_rss_mb.expect("Linux has VmHWM");
-    assert!(peak >= before + 200.0, "peak {peak} MiB, before {before} MiB");
+    assert!(
+        peak >= before + 200.0,
+        "peak {peak} MiB, before {before} MiB"
+    );
     assert_eq!(reading.device_memory_mb, None);
     // A new step starts again from the current RSS.
     let m = StepMemory::start();

@@ -72,6 +72,6 @@ pub use events::{
     StageEnd, Warning,
 };
 pub use heldout::{HeldoutRow, HeldoutTable, StageGain, HELDOUT_FILE};
-pub use memory::{device_memory_mb, peak_rss_mb, rss_mb, MemoryReading, StepMemory};
 pub use log::{read_events, unix_now, MetricsLog, METRICS_FILE};
+pub use memory::{device_memory_mb, peak_rss_mb, rss_mb, MemoryReading, StepMemory};
 pub use read::{parse_metrics, Event, EventKind, Metrics};

@@ -8,9 +8,7 @@ use candle_core::{DType, Device, Module, Tensor};
 use super::config::parameter_shapes;
 use super::config::ModelConfig;
 use super::flash_attn::{flash_attn, Segments};
-use super::layers::{
-    apply_rotary, softmax_last, Linear, Mlp, OpsMode, RmsNorm, Rotary,
-};
+use super::layers::{apply_rotary, softmax_last, Linear, Mlp, OpsMode, RmsNorm, Rotary};
 use super::recompute::{checkpoint_layer, chunked_logprobs, logits_chunk_rows, Recomputable};
 use super::{ModelError, Result};
 
@@ -689,8 +687,13 @@ impl CausalLm {
         }
         let (hidden, targets) = self.next_token_hidden(input_ids, attention_mask)?;
         let h = hidden.dim(2)?;
-        let hidden = hidden.reshape((b * (t - 1), h))?.index_select(selected, 0)?;
-        let targets = targets.contiguous()?.flatten_all()?.index_select(selected, 0)?;
+        let hidden = hidden
+            .reshape((b * (t - 1), h))?
+            .index_select(selected, 0)?;
+        let targets = targets
+            .contiguous()?
+            .flatten_all()?
+            .index_select(selected, 0)?;
         let lp = self.hidden_logprobs(&hidden.unsqueeze(0)?, &targets.unsqueeze(0)?, None)?;
         Ok(lp.squeeze(0)?)
     }

@@ -179,7 +179,10 @@ impl CustomOp2 for Tap {
             .map_err(|_| candle_core::Error::Msg("checkpoint-tap: poisoned".into()))?
             .get_mut(self.index)
             .and_then(Option::take);
-        let token_grad = token.track_op().then(|| grad_res.zeros_like()).transpose()?;
+        let token_grad = token
+            .track_op()
+            .then(|| grad_res.zeros_like())
+            .transpose()?;
         Ok((token_grad, grad))
     }
 }
@@ -219,7 +222,9 @@ pub(crate) fn checkpoint_layer<L: Recomputable>(layer: L, x: &Tensor) -> Result<
                     grad: &Tensor|
           -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
         let xv = Var::from_tensor(&x.detach())?;
-        let out = layer.run(xv.as_tensor()).map_err(candle_core::Error::wrap)?;
+        let out = layer
+            .run(xv.as_tensor())
+            .map_err(candle_core::Error::wrap)?;
         let mut grads = out.mul(&grad.detach())?.sum_all()?.backward()?;
         let gx = if x.track_op() {
             Some(match grads.remove(xv.as_tensor()) {
@@ -237,10 +242,7 @@ pub(crate) fn checkpoint_layer<L: Recomputable>(layer: L, x: &Tensor) -> Result<
                 *s = grads.remove(p);
             }
         }
-        let gt = token
-            .track_op()
-            .then(|| token.zeros_like())
-            .transpose()?;
+        let gt = token.track_op().then(|| token.zeros_like()).transpose()?;
         Ok((gx, gt))
     };
     graft("checkpoint", value, x, &token, Box::new(bwd))
@@ -346,7 +348,8 @@ pub(crate) fn chunked_logprobs(
             let z = chunk_logits(&hd, &w_c, inv.as_ref()).map_err(candle_core::Error::wrap)?;
             let p = z.broadcast_sub(&lse)?.exp()?;
             drop(z);
-            let ids = Tensor::arange(v0 as u32, (v0 + len) as u32, wd.device())?.reshape((1, len))?;
+            let ids =
+                Tensor::arange(v0 as u32, (v0 + len) as u32, wd.device())?.reshape((1, len))?;
             let onehot = targets.broadcast_eq(&ids)?.to_dtype(DType::F32)?;
             let dz = (onehot - p)?.broadcast_mul(&g)?.to_dtype(wd.dtype())?;
             if track_h {
