@@ -250,7 +250,7 @@ fn chunked_and_checkpointed_in_bf16() -> Result<()> {
     eprintln!("bf16 vs f32: chunked logprobs {lp}, grads {grad} ({which}); plain {lp_plain} / {grad_plain}");
     assert!(lp < 1e-2, "logprobs {lp}");
     assert!(
-        grad <= grad_plain * 1.1 + 1e-3 && grad < 0.1,
+        grad <= grad_plain * 1.1 + 1e-3 && grad < 0.2,
         "{grad} vs {grad_plain} {which}"
     );
     Ok(())
