@@ -262,6 +262,7 @@ pub fn accumulate_sft_gradients(
             "SFT step without trained tokens".into(),
         ));
     }
+    check_context(model, rows)?;
     let norm = trained as f64;
     let mut loss_sum = 0.0;
     for chunk in rows.chunks(micro_batch.max(1)) {
@@ -269,21 +270,26 @@ pub fn accumulate_sft_gradients(
         let n = chunk.len();
         let mut ids = vec![0u32; n * width];
         let mut seg = vec![0u32; n * width];
-        let mut w = vec![0f32; n * (width - 1)];
+        // The trained positions of the (n, width - 1) next-token grid: the LM head runs there
+        // only, a chunk at a time.
+        let mut selected: Vec<u32> = Vec::new();
         for (r, row) in chunk.iter().enumerate() {
             ids[r * width..r * width + row.ids.len()].copy_from_slice(&row.ids);
             seg[r * width..r * width + row.ids.len()].copy_from_slice(&row.segments);
             for (i, &on) in row.weights.iter().enumerate() {
                 if on {
-                    w[r * (width - 1) + i] = 1.0;
+                    selected.push((r * (width - 1) + i) as u32);
                 }
             }
         }
+        if selected.is_empty() {
+            continue;
+        }
         let ids = Tensor::from_vec(ids, (n, width), device)?;
         let seg = Tensor::from_vec(seg, (n, width), device)?;
-        let w = Tensor::from_vec(w, (n, width - 1), device)?;
-        let logprobs = model.token_logprobs(&ids, Some(&seg))?;
-        let nll = (logprobs.mul(&w)?.sum_all()?.neg()? / norm)?;
+        let selected = Tensor::new(selected.as_slice(), device)?;
+        let logprobs = model.token_logprobs_selected(&ids, Some(&seg), &selected)?;
+        let nll = (logprobs.sum_all()?.neg()? / norm)?;
         loss_sum += f64::from(nll.to_scalar::<f32>()?);
         let grads = nll.backward()?;
         optimizer.accumulate(&grads)?;
@@ -293,6 +299,32 @@ pub fn accumulate_sft_gradients(
         trained_tokens: trained,
         total_tokens: total,
     })
+}
+
+/// Refuses a row holding a conversation longer than the model's context, naming the row of the
+/// step, the conversation and the numbers (instead of a failure deep in the model).
+fn check_context(model: &CausalLm, rows: &[PackedRow]) -> Result<()> {
+    let max = model.config().max_position_embeddings;
+    for (r, row) in rows.iter().enumerate() {
+        let mut start = 0;
+        while start < row.segments.len() {
+            let conversation = row.segments[start];
+            let len = row.segments[start..]
+                .iter()
+                .take_while(|&&s| s == conversation)
+                .count();
+            if len > max {
+                return Err(LearnerError::InvalidBatch(format!(
+                    "SFT row {r} of the step, conversation {conversation} (tokens {start}..{}): \
+                     {len} tokens exceed the model's context of {max} \
+                     (max_position_embeddings)",
+                    start + len
+                )));
+            }
+            start += len;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -151,10 +151,7 @@ pub fn run_learner(opts: &LearnerOptions, stop: Arc<AtomicBool>) -> Result<Learn
 
 /// Peak resident set size of this process in MiB (Linux `VmHWM`), if known.
 pub fn peak_rss_mb() -> Option<f64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb / 1024.0)
+    cascade_shared::metrics::peak_rss_mb()
 }
 
 impl<S: RolloutSource> Learner<'_, S> {
@@ -168,6 +165,9 @@ impl<S: RolloutSource> Learner<'_, S> {
         while (self.state.stage_index as usize) < config.stages.len() {
             let index = self.state.stage_index as usize;
             let stage = config.stages[index].clone();
+            self.policy
+                .model
+                .set_checkpoint_every(config.learner.activation_checkpointing);
             if config.uses_trained_reward_model(index) {
                 self.ensure_reward_model()?;
             }

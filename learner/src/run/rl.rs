@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use cascade_shared::config::StageConfig;
-use cascade_shared::metrics::{LearnerStep, ModeStats};
+use cascade_shared::metrics::{LearnerStep, ModeStats, StepMemory};
 use cascade_shared::model::CausalLm;
 use cascade_shared::outcomes::PromptTracker;
 use cascade_shared::snapshot::{self, version_dir_name};
@@ -56,6 +56,7 @@ impl<S: RolloutSource> Learner<'_, S> {
         };
         while (self.state.stage_step as usize) < stage.steps {
             let t0 = Instant::now();
+            let memory = StepMemory::start();
             let version = self.state.policy_version;
             let before = filter.metrics().clone();
             let Some(step) =
@@ -152,6 +153,8 @@ impl<S: RolloutSource> Learner<'_, S> {
                 ref_log_ratio_max: Some(stats.ref_log_ratio_max),
                 no_signal: Some(step.no_signal),
                 skipped: Some(!applied),
+                peak_rss_mb: memory.finish(&self.opts.device).peak_rss_mb,
+                device_memory_mb: memory.finish(&self.opts.device).device_memory_mb,
             });
             if due {
                 self.publish(false)?;

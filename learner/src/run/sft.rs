@@ -3,7 +3,7 @@
 use std::time::Instant;
 
 use cascade_shared::config::StageConfig;
-use cascade_shared::metrics::SftStep;
+use cascade_shared::metrics::{SftStep, StepMemory};
 use cascade_shared::transport::RolloutSource;
 
 use super::settings::lr_schedule;
@@ -54,6 +54,7 @@ impl<S: RolloutSource> Learner<'_, S> {
                 return Ok(false);
             }
             let t0 = Instant::now();
+            let memory = StepMemory::start();
             let start = self.state.stage_step as usize * stage.batch_prompts;
             let rows = schedule.rows(start, stage.batch_prompts);
             let stats = accumulate_sft_gradients(
@@ -70,6 +71,7 @@ impl<S: RolloutSource> Learner<'_, S> {
                 StepOutcome::Skipped { .. } => None,
             };
             let step_s = t0.elapsed().as_secs_f64();
+            let reading = memory.finish(&self.opts.device);
             let stage_step = self.state.stage_step;
             let (applied, due) = self.finish_step(outcome, stage);
             self.metrics.record(&SftStep {
@@ -87,6 +89,8 @@ impl<S: RolloutSource> Learner<'_, S> {
                 tokens_per_s: Some(stats.total_tokens as f64 / step_s.max(1e-9)),
                 step_s: Some(step_s),
                 skipped: Some(!applied),
+                peak_rss_mb: reading.peak_rss_mb,
+                device_memory_mb: reading.device_memory_mb,
             });
             if due {
                 self.publish(false)?;

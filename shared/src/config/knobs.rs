@@ -108,6 +108,10 @@ knobs! {
     /// Seed of the learner's own draws (SFT packing order, prompt retirement, reward-model
     /// training); independent of `actor.seed`.
     seed: u64 = 0, flag "learner-seed";
+    /// Activation checkpointing of the policy's decoder layers: every k-th layer keeps only its
+    /// input and is recomputed in backward (0 = off, 1 = every layer, k = layers 0, k, 2k, ...;
+    /// at most 1024). Same gradients, less memory, one more forward per checkpointed layer.
+    activation_checkpointing: usize = 1, flag "activation-checkpointing";
 }
 
 knobs! {
@@ -122,6 +126,9 @@ knobs! {
     /// Groups an actor may be ahead of the learner before it waits (backpressure).
     max_inflight: usize = 16, flag "max-inflight";
 }
+
+/// Largest `learner.activation_checkpointing` interval (beyond any model's layer count).
+const MAX_CHECKPOINT_INTERVAL: usize = 1024;
 
 /// Smallest segment that holds a header and a useful record.
 const MIN_SEGMENT_BYTES: u64 = 4096;
@@ -154,7 +161,18 @@ impl LearnerConfig {
         at_least("learner.micro_batch", self.micro_batch as u64, 1)?;
         at_least("learner.publish_every", self.publish_every as u64, 1)?;
         at_least("learner.keep_snapshots", self.keep_snapshots as u64, 1)?;
-        at_least("learner.max_bad_steps", self.max_bad_steps as u64, 1)
+        at_least("learner.max_bad_steps", self.max_bad_steps as u64, 1)?;
+        if self.activation_checkpointing > MAX_CHECKPOINT_INTERVAL {
+            return Err(invalid(
+                "learner.activation_checkpointing",
+                format!(
+                    "must be 0 (off), 1 (every layer) or k ≤ {MAX_CHECKPOINT_INTERVAL} (every \
+                     k-th layer), got {}",
+                    self.activation_checkpointing
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -172,6 +172,13 @@ pub struct SftStep {
     pub step_s: Option<f64>,
     /// The optimizer skipped the update (non-finite gradients).
     pub skipped: Option<bool>,
+    /// Peak host RSS during the step, MiB ([`super::StepMemory`]; `train_tokens` is the step's
+    /// tokens).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_rss_mb: Option<f64>,
+    /// Device memory in use at the end of the step, MiB (CUDA only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_memory_mb: Option<f64>,
 }
 
 /// Per-mode statistics of a `learner_step` (`by_mode.think`, `by_mode.no_think`).
@@ -257,6 +264,13 @@ pub struct LearnerStep {
     pub no_signal: Option<bool>,
     /// The optimizer skipped the update (non-finite gradients).
     pub skipped: Option<bool>,
+    /// Peak host RSS during the step, MiB ([`super::StepMemory`]; `train_tokens` is the step's
+    /// tokens).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_rss_mb: Option<f64>,
+    /// Device memory in use at the end of the step, MiB (CUDA only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_memory_mb: Option<f64>,
 }
 
 /// `warning`: the last `equal_reward_groups_in_a_row` groups of a stage all had equal rewards.

@@ -63,6 +63,7 @@
 mod events;
 mod heldout;
 mod log;
+mod memory;
 mod read;
 
 pub use events::{
@@ -72,4 +73,5 @@ pub use events::{
 };
 pub use heldout::{HeldoutRow, HeldoutTable, StageGain, HELDOUT_FILE};
 pub use log::{read_events, unix_now, MetricsLog, METRICS_FILE};
+pub use memory::{device_memory_mb, peak_rss_mb, rss_mb, MemoryReading, StepMemory};
 pub use read::{parse_metrics, Event, EventKind, Metrics};

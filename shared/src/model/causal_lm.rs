@@ -8,9 +8,8 @@ use candle_core::{DType, Device, Module, Tensor};
 use super::config::parameter_shapes;
 use super::config::ModelConfig;
 use super::flash_attn::{flash_attn, Segments};
-use super::layers::{
-    apply_rotary, gather_logprobs, softmax_last, Linear, Mlp, OpsMode, RmsNorm, Rotary,
-};
+use super::layers::{apply_rotary, softmax_last, Linear, Mlp, OpsMode, RmsNorm, Rotary};
+use super::recompute::{checkpoint_layer, chunked_logprobs, logits_chunk_rows, Recomputable};
 use super::{ModelError, Result};
 
 /// How the full-sequence (training) forward computes attention.
@@ -28,6 +27,7 @@ pub enum AttentionImpl {
 }
 
 /// The attention mask of a forward pass.
+#[derive(Clone, Copy)]
 pub(crate) enum AttnMask<'a> {
     /// `(b, 1, s, keys)` additive bias (0 or -inf).
     Dense(&'a Tensor),
@@ -63,6 +63,27 @@ struct Attention {
 }
 
 impl Attention {
+    fn detached(&self) -> Attention {
+        Attention {
+            q: self.q.detached(),
+            k: self.k.detached(),
+            v: self.v.detached(),
+            o: self.o.detached(),
+            q_norm: self.q_norm.as_ref().map(RmsNorm::detached),
+            k_norm: self.k_norm.as_ref().map(RmsNorm::detached),
+            ..*self
+        }
+    }
+
+    fn push_params(&self, out: &mut Vec<Tensor>) {
+        for l in [&self.q, &self.k, &self.v, &self.o] {
+            l.push_params(out);
+        }
+        for n in [&self.q_norm, &self.k_norm].into_iter().flatten() {
+            n.push_params(out);
+        }
+    }
+
     /// `x`: `(b, s, hidden)`; `mask`: a `(b, 1, s, keys)` additive bias (0 or -inf) or the
     /// segments of the fused op.
     fn forward(
@@ -154,6 +175,79 @@ struct DecoderLayer {
     mlp: Mlp,
 }
 
+impl DecoderLayer {
+    /// Pre-norm residual block: `x + attn(norm(x))`, then `+ mlp(norm(·))`.
+    fn forward(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        mask: &AttnMask<'_>,
+        mode: OpsMode,
+        kv: (&mut KvMode<'_>, usize),
+    ) -> Result<Tensor> {
+        let h = self.input_norm.forward(x, mode)?;
+        let a = self.attn.forward(&h, cos, sin, mask, mode, kv)?;
+        let x = (x + a)?;
+        let h = self.post_norm.forward(&x, mode)?;
+        Ok((&x + self.mlp.forward(&h)?)?)
+    }
+}
+
+/// The owned mask of a checkpointed layer.
+#[derive(Clone)]
+enum OwnedMask {
+    Dense(Tensor),
+    Segments(Arc<Segments>),
+}
+
+/// A decoder layer with what its full-sequence forward needs, recomputed in backward.
+#[derive(Clone)]
+struct CheckpointedLayer {
+    layer: DecoderLayer,
+    cos: Tensor,
+    sin: Tensor,
+    mask: OwnedMask,
+}
+
+impl Recomputable for CheckpointedLayer {
+    fn run(&self, x: &Tensor) -> Result<Tensor> {
+        let mask = match &self.mask {
+            OwnedMask::Dense(bias) => AttnMask::Dense(bias),
+            OwnedMask::Segments(s) => AttnMask::Segments(s),
+        };
+        self.layer.forward(
+            x,
+            &self.cos,
+            &self.sin,
+            &mask,
+            OpsMode::Train,
+            (&mut KvMode::Own, 0),
+        )
+    }
+
+    fn detached(&self) -> Self {
+        CheckpointedLayer {
+            layer: DecoderLayer {
+                input_norm: self.layer.input_norm.detached(),
+                attn: self.layer.attn.detached(),
+                post_norm: self.layer.post_norm.detached(),
+                mlp: self.layer.mlp.detached(),
+            },
+            ..self.clone()
+        }
+    }
+
+    fn params(&self) -> Vec<Tensor> {
+        let mut out = Vec::new();
+        self.layer.input_norm.push_params(&mut out);
+        self.layer.attn.push_params(&mut out);
+        self.layer.post_norm.push_params(&mut out);
+        self.layer.mlp.push_params(&mut out);
+        out
+    }
+}
+
 /// A Qwen3 / Qwen2 / Llama causal language model.
 ///
 /// Built from named tensors in the Hugging Face layout; when those tensors are
@@ -170,6 +264,10 @@ pub struct CausalLm {
     dtype: DType,
     device: Device,
     attention: AttentionImpl,
+    /// Checkpoint every this many decoder layers in a differentiable forward (0 = off).
+    checkpoint_every: usize,
+    /// Positions per chunk of the LM head's log-probs (`None`: 64 MiB of f32 logits).
+    logits_chunk_rows: Option<usize>,
 }
 
 impl CausalLm {
@@ -299,6 +397,8 @@ impl CausalLm {
             dtype,
             device,
             attention: AttentionImpl::default(),
+            checkpoint_every: 0,
+            logits_chunk_rows: None,
         })
     }
 
@@ -312,6 +412,31 @@ impl CausalLm {
     pub fn with_attention(mut self, attention: AttentionImpl) -> CausalLm {
         self.attention = attention;
         self
+    }
+
+    /// Activation checkpointing of the differentiable full-sequence forward: every `k`-th
+    /// decoder layer (layers `0, k, 2k, ...`) keeps only its input for backward and is
+    /// recomputed there; `0` turns it off, `1` checkpoints every layer. Gradients are the same
+    /// either way; a forward without a graph (inference, the KL reference) is unaffected.
+    pub fn set_checkpoint_every(&mut self, k: usize) {
+        self.checkpoint_every = k;
+    }
+
+    /// [`CausalLm::set_checkpoint_every`] by value.
+    pub fn with_checkpoint_every(mut self, k: usize) -> CausalLm {
+        self.checkpoint_every = k;
+        self
+    }
+
+    /// Positions per chunk of the LM head when computing log-probs (`None`: as many as make
+    /// 64 MiB of f32 logits). Values and gradients do not depend on it.
+    pub fn set_logits_chunk_rows(&mut self, rows: Option<usize>) {
+        self.logits_chunk_rows = rows.map(|r| r.max(1));
+    }
+
+    /// The activation checkpointing interval (0 = off).
+    pub fn checkpoint_every(&self) -> usize {
+        self.checkpoint_every
     }
 
     /// How the full-sequence forward computes attention.
@@ -372,31 +497,50 @@ impl CausalLm {
             .reshape((b, s, self.cfg.hidden_size))?;
         // 2. Rotary tables for these positions: (b, 1, s, hd / 2).
         let (cos, sin) = self.rotary.at(positions)?;
-        // 3. Decoder layers, pre-norm residual.
+        // 3. Decoder layers, pre-norm residual; with checkpointing, every k-th layer of a
+        //    differentiable full-sequence forward keeps only its input.
+        let k = self.checkpoint_every;
+        let own = matches!(kv, KvMode::Own) && mode == OpsMode::Train;
         for (i, layer) in self.layers.iter().enumerate() {
-            let h = layer.input_norm.forward(&x, mode)?;
-            let a = layer
-                .attn
-                .forward(&h, &cos, &sin, mask, mode, (&mut kv, i))?;
-            x = (x + a)?;
-            let h = layer.post_norm.forward(&x, mode)?;
-            x = (&x + layer.mlp.forward(&h)?)?;
+            x = if own && k > 0 && i % k == 0 && x.track_op() {
+                let mask = match *mask {
+                    AttnMask::Dense(bias) => OwnedMask::Dense(bias.clone()),
+                    AttnMask::Segments(s) => OwnedMask::Segments(s.clone()),
+                };
+                let layer = CheckpointedLayer {
+                    layer: layer.clone(),
+                    cos: cos.clone(),
+                    sin: sin.clone(),
+                    mask,
+                };
+                checkpoint_layer(layer, &x)?
+            } else {
+                layer.forward(&x, &cos, &sin, mask, mode, (&mut kv, i))?
+            };
         }
         // 4. Final norm.
         self.norm.forward(&x, mode)
     }
 
-    /// Checks on the device tensors that every position is inside the rotary table and every id
-    /// inside the vocabulary (the decode path checks the same on the host, without a sync).
-    fn check_inputs(&self, input_ids: &Tensor, positions: &Tensor) -> Result<()> {
+    /// Checks that every sequence fits the model's context (on the host positions: a sequence
+    /// too long is an error naming its row and segment) and every id is inside the vocabulary
+    /// (on the device tensor; the decode path checks the same on the host, without a sync).
+    fn check_inputs(&self, input_ids: &Tensor, rows: &[Vec<u32>], positions: &[u32]) -> Result<()> {
         let max_pos = self.cfg.max_position_embeddings;
         // A position past the rotary table would be an out-of-bounds gather.
-        let top = positions.flatten_all()?.max(0)?.to_scalar::<u32>()? as usize;
-        if top >= max_pos {
-            return Err(ModelError::TooLong {
-                len: top + 1,
-                max: max_pos,
-            });
+        let t = rows.first().map_or(0, Vec::len);
+        for (r, row) in rows.iter().enumerate() {
+            let pos = &positions[r * t..(r + 1) * t];
+            if let Some(i) = (0..t).find(|&i| row[i] != 0 && pos[i] as usize >= max_pos) {
+                let segment = row[i];
+                let len = (0..t).filter(|&j| row[j] == segment).count();
+                return Err(ModelError::RowTooLong {
+                    row: r,
+                    segment,
+                    len,
+                    max: max_pos,
+                });
+            }
         }
         let vocab = self.cfg.vocab_size as u32;
         let top_id = input_ids.flatten_all()?.max(0)?.to_scalar::<u32>()?;
@@ -432,8 +576,9 @@ impl CausalLm {
     ) -> Result<Tensor> {
         let (b, t) = input_ids.dims2()?;
         let rows = mask_rows(input_ids, attention_mask)?;
-        let positions = Tensor::from_vec(mask_positions(&rows), (b, t), &self.device)?;
-        self.check_inputs(input_ids, &positions)?;
+        let positions = mask_positions(&rows);
+        self.check_inputs(input_ids, &rows, &positions)?;
+        let positions = Tensor::from_vec(positions, (b, t), &self.device)?;
         let segments = if self.fused_attention() {
             mask_segments(&rows, t)
         } else {
@@ -470,8 +615,41 @@ impl CausalLm {
         targets: &Tensor,
         attention_mask: Option<&Tensor>,
     ) -> Result<Tensor> {
-        let logits = self.forward_logits(input_ids, attention_mask)?;
-        gather_logprobs(&logits, targets)
+        let hidden = self.forward_hidden(input_ids, attention_mask)?;
+        self.hidden_logprobs(&hidden, targets, None)
+    }
+
+    /// `log softmax(lm_head(hidden) / T_b)[targets]` at every position, a chunk of positions at
+    /// a time ([`super::recompute::chunked_logprobs`]): no `(positions × vocab)` tensor lives
+    /// longer than one chunk, in forward or backward. `hidden` `(b, s, h)`, `targets` `(b, s)`
+    /// u32, `inv_temperature` one `1 / T` per row (`None`: `T = 1`). Returns `(b, s)` f32.
+    fn hidden_logprobs(
+        &self,
+        hidden: &Tensor,
+        targets: &Tensor,
+        inv_temperature: Option<&[f32]>,
+    ) -> Result<Tensor> {
+        let (b, s, h) = hidden.dims3()?;
+        let n = b * s;
+        let inv = match inv_temperature {
+            Some(inv) => {
+                let per_position: Vec<f32> = inv
+                    .iter()
+                    .flat_map(|&x| std::iter::repeat_n(x, s))
+                    .collect();
+                Some(Tensor::from_vec(per_position, n, &self.device)?)
+            }
+            None => None,
+        };
+        let lp = chunked_logprobs(
+            &hidden.reshape((n, h))?,
+            &self.lm_head,
+            &targets.reshape(n)?,
+            inv.as_ref(),
+            self.logits_chunk_rows
+                .unwrap_or_else(|| logits_chunk_rows(self.cfg.vocab_size)),
+        )?;
+        Ok(lp.reshape((b, s))?)
     }
 
     /// Log-probs of each next token of the sequence itself: `(b, t - 1)` where entry `i` is
@@ -481,12 +659,50 @@ impl CausalLm {
         input_ids: &Tensor,
         attention_mask: Option<&Tensor>,
     ) -> Result<Tensor> {
-        let (logits, targets) = self.next_token_logits(input_ids, attention_mask)?;
-        gather_logprobs(&logits, &targets)
+        let (hidden, targets) = self.next_token_hidden(input_ids, attention_mask)?;
+        self.hidden_logprobs(&hidden, &targets, None)
     }
 
-    /// Logits `(b, t - 1, vocab)` at every position but the last, and the tokens they predict.
-    fn next_token_logits(
+    /// [`CausalLm::token_logprobs`] at selected positions only: `selected` `(n)` u32 indexes
+    /// the flattened `(b, t - 1)` grid (`row * (t - 1) + i` is `log p(ids[row, i + 1] | ..)`).
+    /// The LM head runs on those positions alone (the ones that carry a loss). Returns `(n)`
+    /// f32; differentiable.
+    pub fn token_logprobs_selected(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: Option<&Tensor>,
+        selected: &Tensor,
+    ) -> Result<Tensor> {
+        let (b, t) = input_ids.dims2()?;
+        let n = selected.dim(0)?;
+        let top = if n == 0 {
+            0
+        } else {
+            selected.max(0)?.to_scalar::<u32>()? as usize + 1
+        };
+        if top > b * t.saturating_sub(1) {
+            return Err(ModelError::Config(format!(
+                "selected position {} outside the {b} × {} next-token grid",
+                top - 1,
+                t.saturating_sub(1)
+            )));
+        }
+        let (hidden, targets) = self.next_token_hidden(input_ids, attention_mask)?;
+        let h = hidden.dim(2)?;
+        let hidden = hidden
+            .reshape((b * (t - 1), h))?
+            .index_select(selected, 0)?;
+        let targets = targets
+            .contiguous()?
+            .flatten_all()?
+            .index_select(selected, 0)?;
+        let lp = self.hidden_logprobs(&hidden.unsqueeze(0)?, &targets.unsqueeze(0)?, None)?;
+        Ok(lp.squeeze(0)?)
+    }
+
+    /// Hidden states `(b, t - 1, h)` at every position but the last, and the tokens they
+    /// predict.
+    fn next_token_hidden(
         &self,
         input_ids: &Tensor,
         attention_mask: Option<&Tensor>,
@@ -501,7 +717,7 @@ impl CausalLm {
             .forward_hidden(input_ids, attention_mask)?
             .narrow(1, 0, t - 1)?;
         let targets = input_ids.narrow(1, 1, t - 1)?;
-        Ok((self.lm_head(&hidden)?, targets))
+        Ok((hidden, targets))
     }
 
     /// [`CausalLm::token_logprobs`] of the tempered distribution `softmax(logits / T_b)`, one
@@ -528,10 +744,9 @@ impl CausalLm {
         if temperatures.iter().all(|&x| x == 1.0) {
             return self.token_logprobs(input_ids, attention_mask);
         }
-        let (logits, targets) = self.next_token_logits(input_ids, attention_mask)?;
+        let (hidden, targets) = self.next_token_hidden(input_ids, attention_mask)?;
         let inv: Vec<f32> = temperatures.iter().map(|&x| 1.0 / x).collect();
-        let inv = Tensor::from_vec(inv, (b, 1, 1), logits.device())?.to_dtype(logits.dtype())?;
-        gather_logprobs(&logits.broadcast_mul(&inv)?, &targets)
+        self.hidden_logprobs(&hidden, &targets, Some(&inv))
     }
 }
 

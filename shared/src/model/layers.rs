@@ -30,6 +30,29 @@ impl Linear {
     pub fn new(weight: Tensor, bias: Option<Tensor>) -> Linear {
         Linear { weight, bias }
     }
+
+    /// The same layer with its tensors detached from any graph.
+    pub fn detached(&self) -> Linear {
+        Linear {
+            weight: self.weight.detach(),
+            bias: self.bias.as_ref().map(Tensor::detach),
+        }
+    }
+
+    /// Appends the tensors that track gradients (weight, bias) to `out`.
+    pub fn push_params(&self, out: &mut Vec<Tensor>) {
+        push_tracked(out, &self.weight);
+        if let Some(b) = &self.bias {
+            push_tracked(out, b);
+        }
+    }
+}
+
+/// Appends `t` to `out` if it tracks gradients.
+fn push_tracked(out: &mut Vec<Tensor>, t: &Tensor) {
+    if t.track_op() {
+        out.push(t.clone());
+    }
 }
 
 impl Module for Linear {
@@ -62,6 +85,19 @@ impl RmsNorm {
     /// Wraps a norm weight.
     pub fn new(weight: Tensor, eps: f64) -> RmsNorm {
         RmsNorm { weight, eps }
+    }
+
+    /// The same norm with its weight detached from any graph.
+    pub fn detached(&self) -> RmsNorm {
+        RmsNorm {
+            weight: self.weight.detach(),
+            eps: self.eps,
+        }
+    }
+
+    /// Appends the weight to `out` if it tracks gradients.
+    pub fn push_params(&self, out: &mut Vec<Tensor>) {
+        push_tracked(out, &self.weight);
     }
 
     /// Applies the norm.
@@ -168,6 +204,22 @@ pub struct Mlp {
 }
 
 impl Mlp {
+    /// The same MLP with its tensors detached from any graph.
+    pub fn detached(&self) -> Mlp {
+        Mlp {
+            gate: self.gate.detached(),
+            up: self.up.detached(),
+            down: self.down.detached(),
+        }
+    }
+
+    /// Appends the tensors that track gradients to `out`.
+    pub fn push_params(&self, out: &mut Vec<Tensor>) {
+        self.gate.push_params(out);
+        self.up.push_params(out);
+        self.down.push_params(out);
+    }
+
     /// Applies the MLP.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let g = self.gate.forward(x)?.silu()?;

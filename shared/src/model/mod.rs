@@ -13,6 +13,7 @@ mod decode;
 pub mod flash_attn;
 mod initial;
 mod layers;
+mod recompute;
 mod weights;
 
 use std::collections::HashMap;
@@ -91,6 +92,21 @@ pub enum ModelError {
     )]
     TooLong {
         /// Requested length.
+        len: usize,
+        /// The context size.
+        max: usize,
+    },
+    /// A sequence of a full-sequence (training) batch longer than the model's context.
+    #[error(
+        "row {row}, sequence {segment} of the attention mask: {len} tokens exceed the model's \
+         context of {max} (max_position_embeddings)"
+    )]
+    RowTooLong {
+        /// Batch row.
+        row: usize,
+        /// Its segment id in the attention mask (1 for an unpacked row).
+        segment: u32,
+        /// The sequence's length in tokens.
         len: usize,
         /// The context size.
         max: usize,

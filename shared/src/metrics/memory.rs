@@ -1,0 +1,84 @@
+//! Memory readings of a training step: the host's peak resident set size and, on a GPU, the
+//! device memory in use.
+//!
+//! **Host peak of a step** (Linux): [`StepMemory::start`] writes `5` to `/proc/self/clear_refs`,
+//! which resets the kernel's high-water mark `VmHWM` to the current RSS; [`StepMemory::finish`]
+//! reads `VmHWM` from `/proc/self/status`. Where the reset is refused (not Linux, or a kernel
+//! without it), the reading is the peak since the process started (an upper bound of the
+//! step's peak), and [`StepMemory::exact`] says so. Elsewhere there is no reading.
+//!
+//! **Device** (the `cuda` feature, a CUDA device): memory in use on the device at the end of
+//! the step (`total − free` from `cuMemGetInfo`; the driver has no per-process peak), which
+//! includes the caching of the allocator and other processes on the same device.
+
+use candle_core::Device;
+
+/// A step's memory measurement, started before the step's work.
+#[derive(Debug, Clone, Copy)]
+pub struct StepMemory {
+    /// Whether the high-water mark was reset at the start.
+    exact: bool,
+}
+
+/// What a step used.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct MemoryReading {
+    /// Peak host RSS during the step, MiB (see [`StepMemory`] for the fallback).
+    pub peak_rss_mb: Option<f64>,
+    /// Device memory in use at the end of the step, MiB (CUDA only).
+    pub device_memory_mb: Option<f64>,
+}
+
+impl StepMemory {
+    /// Resets the host high-water mark (where the OS allows it) and starts the measurement.
+    pub fn start() -> StepMemory {
+        let exact = std::fs::write("/proc/self/clear_refs", "5").is_ok();
+        StepMemory { exact }
+    }
+
+    /// Whether the peak covers only this step (the high-water mark could be reset).
+    pub fn exact(&self) -> bool {
+        self.exact
+    }
+
+    /// The step's readings, with the device memory of `device` where it can be read.
+    pub fn finish(&self, device: &Device) -> MemoryReading {
+        MemoryReading {
+            peak_rss_mb: peak_rss_mb(),
+            device_memory_mb: device_memory_mb(device),
+        }
+    }
+}
+
+/// Peak resident set size of this process in MiB (Linux `VmHWM`: since the start, or since the
+/// last [`StepMemory::start`]), if known.
+pub fn peak_rss_mb() -> Option<f64> {
+    status_kb("VmHWM:").map(|kb| kb / 1024.0)
+}
+
+/// Current resident set size of this process in MiB (Linux `VmRSS`), if known.
+pub fn rss_mb() -> Option<f64> {
+    status_kb("VmRSS:").map(|kb| kb / 1024.0)
+}
+
+fn status_kb(key: &str) -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with(key))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Memory in use on `device` in MiB (CUDA: `total − free` of the device's context); `None` on
+/// the CPU or when the driver does not answer.
+pub fn device_memory_mb(device: &Device) -> Option<f64> {
+    match device {
+        Device::Cpu => None,
+        #[cfg(feature = "cuda")]
+        Device::Cuda(dev) => {
+            let stream = dev.cuda_stream();
+            let (free, total) = stream.context().mem_get_info().ok()?;
+            Some(total.saturating_sub(free) as f64 / (1024.0 * 1024.0))
+        }
+        #[allow(unreachable_patterns)]
+        _ => None,
+    }
+}
