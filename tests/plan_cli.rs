@@ -74,5 +74,8 @@ fn cascade_run_refuses_a_run_that_cannot_fit_and_creates_nothing() {
     assert_eq!(out.status.code(), Some(2), "{t}");
     assert!(t.contains("does not fit"), "{t}");
     assert!(t.contains("actor.gen_batch"), "{t}");
-    assert!(!run_dir.exists(), "nothing is created for a run that is refused");
+    assert!(
+        !run_dir.exists(),
+        "nothing is created for a run that is refused"
+    );
 }

@@ -220,7 +220,11 @@ fn code_presets_decode_their_tests() {
         calls["call_tests"][0],
         json!({"input": "[2,7,11,15]\n9", "output": "[0, 1]"})
     );
-    assert!(msgs[0].content.contains("class Solution"), "{}", msgs[0].content);
+    assert!(
+        msgs[0].content.contains("class Solution"),
+        "{}",
+        msgs[0].content
+    );
     assert_eq!(r.rejected[0].column.as_deref(), Some("private_test_cases"));
     assert!(
         r.rejected[0].reason.contains("more than a string"),

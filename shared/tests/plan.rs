@@ -60,17 +60,30 @@ fn the_8b_recipe_on_one_h200_learner_does_not_fit_and_says_why() {
     let p = plan(&cfg, &qwen3_8b(), &BTreeMap::new(), &options(&gpus));
     let params = 8_190_735_360u64;
     // bf16 weights 2 + f32 master 4 + m, v 8 + f32 accumulator 4 + bf16 micro-batch grads 2.
-    let state: u64 = ["weights", "f32 master", "Adam", "gradient acc", "one micro-batch"]
-        .iter()
-        .map(|w| item(&p, "sft-16k", "learner", w))
-        .sum();
+    let state: u64 = [
+        "weights",
+        "f32 master",
+        "Adam",
+        "gradient acc",
+        "one micro-batch",
+    ]
+    .iter()
+    .map(|w| item(&p, "sft-16k", "learner", w))
+    .sum();
     assert_eq!(state, 20 * params);
     assert!(!p.fits());
     let sft = &p.stages[0];
-    let learner = sft.devices.iter().find(|d| d.device == Device::Cuda(7)).unwrap();
+    let learner = sft
+        .devices
+        .iter()
+        .find(|d| d.device == Device::Cuda(7))
+        .unwrap();
     assert_eq!(learner.fits, Some(false));
     assert!(
-        learner.advice.iter().any(|a| a.contains("alone need") && a.contains("sharding")),
+        learner
+            .advice
+            .iter()
+            .any(|a| a.contains("alone need") && a.contains("sharding")),
         "{:?}",
         learner.advice
     );
@@ -92,10 +105,21 @@ fn the_8b_actor_kv_cache_is_147_kb_per_token() {
     let kv = item(&p, "code", "actor 0", "KV cache");
     assert_eq!(kv, 2 * 64 * 40_960 * 147_456);
     let code = p.stages.iter().find(|s| s.stage == "code").unwrap();
-    let actor = code.devices.iter().find(|d| d.device == Device::Cuda(0)).unwrap();
-    assert_eq!(actor.fits, Some(false), "64 rows of 40K tokens do not fit an H200");
+    let actor = code
+        .devices
+        .iter()
+        .find(|d| d.device == Device::Cuda(0))
+        .unwrap();
+    assert_eq!(
+        actor.fits,
+        Some(false),
+        "64 rows of 40K tokens do not fit an H200"
+    );
     assert!(
-        actor.advice.iter().any(|a| a.contains("actor.gen_batch = 64")),
+        actor
+            .advice
+            .iter()
+            .any(|a| a.contains("actor.gen_batch = 64")),
         "{:?}",
         actor.advice
     );
@@ -104,9 +128,18 @@ fn the_8b_actor_kv_cache_is_147_kb_per_token() {
 #[test]
 fn the_tiny_default_fits_a_laptop_and_processes_on_one_device_add_up() {
     let cfg = config("tiny.toml");
-    let p = plan(&cfg, &tiny(), &BTreeMap::new(), &options(&[(Device::Cpu, 8 << 30)]));
+    let p = plan(
+        &cfg,
+        &tiny(),
+        &BTreeMap::new(),
+        &options(&[(Device::Cpu, 8 << 30)]),
+    );
     assert!(p.fits(), "{}", p.render());
-    let rl = p.stages.iter().find(|s| s.stage != "sft" && s.processes.len() > 1).unwrap();
+    let rl = p
+        .stages
+        .iter()
+        .find(|s| s.stage != "sft" && s.processes.len() > 1)
+        .unwrap();
     let total: u64 = rl.processes.iter().map(|p| p.total()).sum();
     assert_eq!(rl.devices.len(), 1);
     assert_eq!(rl.devices[0].used, total);
@@ -118,9 +151,18 @@ fn the_tiny_default_fits_a_laptop_and_processes_on_one_device_add_up() {
     let q = plan(&cfg, &tiny(), &BTreeMap::new(), &long);
     assert!(q.render().contains("× 1024 tokens"), "{}", q.render());
     // And a device that is too small is reported with what to change.
-    let small = plan(&cfg, &tiny(), &BTreeMap::new(), &options(&[(Device::Cpu, 20 << 20)]));
+    let small = plan(
+        &cfg,
+        &tiny(),
+        &BTreeMap::new(),
+        &options(&[(Device::Cpu, 20 << 20)]),
+    );
     assert!(!small.fits());
-    assert!(small.stages.iter().flat_map(|s| &s.devices).any(|d| !d.advice.is_empty()));
+    assert!(small
+        .stages
+        .iter()
+        .flat_map(|s| &s.devices)
+        .any(|d| !d.advice.is_empty()));
 }
 
 #[test]

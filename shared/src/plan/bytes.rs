@@ -10,9 +10,7 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     if let Ok(value) = t.parse::<f64>() {
         return checked(text, value);
     }
-    let split = t
-        .find(|c: char| c.is_ascii_alphabetic())
-        .unwrap_or(t.len());
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
     let (number, unit) = t.split_at(split);
     let number = number.trim();
     let value: f64 = number.parse().map_err(|_| {

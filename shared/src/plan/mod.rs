@@ -274,7 +274,10 @@ fn uses_reward_model(config: &RunConfig, index: usize) -> bool {
 fn learner_rows(config: &RunConfig, stage: &StageConfig, opts: &PlanOptions) -> (usize, usize) {
     let micro = config.learner.micro_batch.max(1);
     match stage.kind {
-        StageKind::Sft => (micro, stage.token_budget.unwrap_or(DEFAULT_SFT_TOKEN_BUDGET)),
+        StageKind::Sft => (
+            micro,
+            stage.token_budget.unwrap_or(DEFAULT_SFT_TOKEN_BUDGET),
+        ),
         // Packed GRPO rows hold at most `learner.token_budget` tokens; unpacked, a row is one
         // sample padded to the longest of its micro-batch.
         _ if config.learner.token_budget > 0 => (micro, config.learner.token_budget),
@@ -316,6 +319,7 @@ fn learner_use(
     let (rows, tokens) = learner_rows(config, stage, opts);
     let act = ActivationModel {
         fused_attention: fused_attention_on(device, model, config.model.dtype),
+        checkpoint_every: config.learner.activation_checkpointing,
     };
     items.extend(mm.training_activations(rows, tokens, act));
     ProcessUse {
@@ -382,7 +386,12 @@ fn device_uses(processes: &[ProcessUse], opts: &PlanOptions, config: &RunConfig)
 }
 
 /// The knobs that would bring `device` under `usable`, most effective first.
-fn advise(processes: &[ProcessUse], device: Device, usable: u64, config: &RunConfig) -> Vec<String> {
+fn advise(
+    processes: &[ProcessUse],
+    device: Device,
+    usable: u64,
+    config: &RunConfig,
+) -> Vec<String> {
     let on: Vec<&ProcessUse> = processes.iter().filter(|p| p.device == device).collect();
     let total: u64 = on.iter().map(|p| p.total()).sum();
     let over = total.saturating_sub(usable);
@@ -415,9 +424,15 @@ fn advise(processes: &[ProcessUse], device: Device, usable: u64, config: &RunCon
             if act > 0 && act >= over {
                 advice.push(format!(
                     "the learner's activations take {}: lower learner.micro_batch (now {}), the \
-                     stage's token_budget (SFT) or max_response_tokens (RL)",
+                     token budget (the stage's for SFT, learner.token_budget for RL) or \
+                     max_response_tokens{}",
                     format_bytes(act),
-                    config.learner.micro_batch
+                    config.learner.micro_batch,
+                    if config.learner.activation_checkpointing == 1 {
+                        ""
+                    } else {
+                        "; set learner.activation_checkpointing = 1 (every layer)"
+                    }
                 ));
             }
         } else {

@@ -11,6 +11,9 @@ pub struct ActivationModel {
     /// The fused attention keeps no `t × t` tensor; the unfused one keeps the scores and the
     /// probabilities of every layer.
     pub fused_attention: bool,
+    /// `learner.activation_checkpointing`: every k-th layer (0, k, 2k, ...) keeps only its input
+    /// and output and is recomputed in backward; 0 = off.
+    pub checkpoint_every: usize,
 }
 
 /// The byte arithmetic of one architecture at one in-memory dtype.
@@ -139,25 +142,35 @@ impl MemoryModel {
         self.heads * (2 * self.b + 4 * 4 + cast)
     }
 
-    /// Bytes per token of the LM head and log-probs as `CausalLm::token_logprobs` computes them
-    /// today: the hidden states' contiguous copy, the logits in the model's dtype and in f32, and
-    /// the shifted and exponentiated f32 rows of `gather_logprobs`.
-    fn head_bytes_per_token(&self) -> u64 {
-        let cast = if self.b != 4 { 4 * self.vocab } else { 0 };
-        self.b * self.h + self.b * self.vocab + cast + 8 * self.vocab
-    }
-
     /// Activations of one training micro-batch of `rows` rows of `tokens` tokens.
-    pub fn training_activations(&self, rows: usize, tokens: usize, act: ActivationModel) -> Vec<Item> {
+    ///
+    /// Checkpointed layers keep their input and output; the others everything
+    /// [`MemoryModel::layer_bytes_per_token`] counts. In backward one layer at a time is
+    /// recomputed with its graph and its gradients are in flight: one layer's full activations
+    /// twice. The LM head and log-probs run a chunk of 2^24 logits at a time
+    /// (`shared/src/model/recompute.rs`): per token only the hidden state's copy, the log-prob and
+    /// the log-sum-exp are kept; the chunk (logits, shifted, exponentiated, f32) is a constant.
+    pub fn training_activations(
+        &self,
+        rows: usize,
+        tokens: usize,
+        act: ActivationModel,
+    ) -> Vec<Item> {
         let (rows, t) = (rows as u64, tokens.min(self.max_len) as u64);
         let n = rows * t;
+        let checkpointed = match act.checkpoint_every {
+            0 => 0,
+            k => self.layers.div_ceil(k as u64),
+        };
+        let full = self.layers - checkpointed;
+        let layer = self.layer_bytes_per_token();
         let mut items = vec![Item {
             what: format!(
-                "activations: {} layers × {rows} × {t} tokens kept for backward",
-                self.layers
+                "activations: {full} layers kept whole, {checkpointed} checkpointed, × {rows} × {t} tokens"
             ),
             bytes: n
-                * (self.layers * self.layer_bytes_per_token()
+                * (full * layer
+                    + checkpointed * 2 * self.b * self.h
                     + self.b * self.h // embedding output
                     + self.norm(self.h) // final norm
                     + self.b * self.head_dim), // rotary tables
@@ -172,12 +185,14 @@ impl MemoryModel {
             });
         }
         items.push(Item {
-            what: format!("activations: LM head and log-probs, {rows} × {t} × {} vocabulary", self.vocab),
-            bytes: n * self.head_bytes_per_token(),
+            what: format!(
+                "activations: LM head and log-probs in chunks of 2^24 logits, {rows} × {t} tokens"
+            ),
+            bytes: n * (self.b * self.h + 8) + 3 * 4 * (1 << 24),
         });
         items.push(Item {
-            what: "activations: backward's gradients in flight (the LM head's, the largest)".into(),
-            bytes: n * 8 * self.vocab,
+            what: "activations: backward, one layer recomputed and its gradients in flight".into(),
+            bytes: 2 * n * layer,
         });
         items
     }
@@ -204,7 +219,9 @@ impl MemoryModel {
                 bytes: 2 * kv,
             },
             Item {
-                what: format!("prefill of {s} prompts × {p}² attention pairs (one layer at a time)"),
+                what: format!(
+                    "prefill of {s} prompts × {p}² attention pairs (one layer at a time)"
+                ),
                 bytes: s * p * p * (self.heads * (2 * self.b + 4 + cast) + 4),
             },
             Item {

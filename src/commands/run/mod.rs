@@ -32,8 +32,8 @@ use cascade_shared::metrics::{unix_now, MetricsLog, RunEnd, RunStart, HELDOUT_FI
 use clap::Args;
 
 use crate::heldout;
-pub use config::{TINY_MODEL_JSON, TINY_TOML};
 use config::ConfigProblem;
+pub use config::{TINY_MODEL_JSON, TINY_TOML};
 use progress::Progress;
 use supervisor::{Outcome, Supervisor};
 
