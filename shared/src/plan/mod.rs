@@ -249,8 +249,8 @@ pub fn plan(
         .collect();
     if assumed_rm {
         notes.push(
-            "a reward model whose config.json could not be read is assumed to have the policy's \
-             architecture"
+            "a reward model trained in the run (from the policy), or whose config.json could not \
+             be read, is counted with the policy's architecture"
                 .into(),
         );
     }

@@ -11,8 +11,8 @@ pub struct ActivationModel {
     /// The fused attention keeps no `t × t` tensor; the unfused one keeps the scores and the
     /// probabilities of every layer.
     pub fused_attention: bool,
-    /// `learner.activation_checkpointing`: every k-th layer (0, k, 2k, ...) keeps only its input
-    /// and output and is recomputed in backward; 0 = off.
+    /// `learner.activation_checkpointing`: every k-th layer (0, k, 2k, ...) keeps only its
+    /// input and is recomputed in backward; 0 = off.
     pub checkpoint_every: usize,
 }
 
@@ -144,7 +144,8 @@ impl MemoryModel {
 
     /// Activations of one training micro-batch of `rows` rows of `tokens` tokens.
     ///
-    /// Checkpointed layers keep their input and output; the others everything
+    /// A checkpointed layer keeps its output (the next layer's input; the first one's input is
+    /// the embedding output); the others everything
     /// [`MemoryModel::layer_bytes_per_token`] counts. In backward one layer at a time is
     /// recomputed with its graph and its gradients are in flight: one layer's full activations
     /// twice. The LM head and log-probs run a chunk of 2^24 logits at a time
@@ -170,7 +171,7 @@ impl MemoryModel {
             ),
             bytes: n
                 * (full * layer
-                    + checkpointed * 2 * self.b * self.h
+                    + checkpointed * self.b * self.h // each one's output (the next one's input)
                     + self.b * self.h // embedding output
                     + self.norm(self.h) // final norm
                     + self.b * self.head_dim), // rotary tables
