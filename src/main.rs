@@ -34,7 +34,6 @@ struct Cli {
 // costs nothing worth a box.
 #[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
-#[allow(clippy::large_enum_variant)] // parsed once at start-up; the learner flags grew (issue 16)
 enum Command {
     /// Look at a model: per-token log-probs or a greedy/sampled generation.
     #[command(subcommand)]
