@@ -6,6 +6,7 @@
 use std::sync::Once;
 use std::time::Duration;
 
+use cascade_shared::data::record::kind_of;
 use serde_json::{json, Value};
 
 use super::extract::{extract_code, StdoutCompare};
@@ -267,7 +268,7 @@ fn call_cases(tests: &Value) -> Result<Vec<Value>, VerifyError> {
                     format!(
                         "must be newline-separated JSON arguments (a string) or a list of \
                          arguments, got {}",
-                        kind(other)
+                        kind_of(other)
                     ),
                 ))
             }
@@ -287,17 +288,6 @@ fn default_compare(reference: &Value) -> StdoutCompare {
         StdoutCompare::Lcb
     } else {
         StdoutCompare::Apps
-    }
-}
-
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "a list",
-        Value::Object(_) => "an object",
     }
 }
 
