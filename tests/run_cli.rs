@@ -536,3 +536,99 @@ fn on_policy_run_killed_and_resumed_ends_bit_identical_to_an_uninterrupted_one()
         "final weights differ between the uninterrupted and the resumed run"
     );
 }
+
+#[test]
+fn seeds_runs_each_seed_summarises_across_them_and_continues_when_run_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = inputs(tmp.path(), 1, 1);
+    let dir = tmp.path().join("seeds");
+    let run = || {
+        cascade()
+            .args(["run", "--seeds", "2", "--seed-base", "7", "--config"])
+            .arg(&cfg)
+            .arg("--run-dir")
+            .arg(&dir)
+            .output()
+            .unwrap()
+    };
+    let out = run();
+    assert!(out.status.success(), "{}", show(&out));
+    // Each seed is its own run, with its seed in the model's initialisation, the actor and the
+    // learner.
+    let mut weights = Vec::new();
+    for seed in [7, 8] {
+        let d = dir.join(format!("seed-{seed}"));
+        let saved: toml::Value =
+            toml::from_str(&std::fs::read_to_string(d.join("config.toml")).unwrap()).unwrap();
+        assert_eq!(saved["model"]["init"]["seed"].as_integer(), Some(seed));
+        assert_eq!(saved["actor"]["seed"].as_integer(), Some(seed));
+        assert_eq!(saved["learner"]["seed"].as_integer(), Some(seed));
+        assert!(d.join("heldout.json").exists());
+        weights.push(final_weights(&d));
+    }
+    assert_ne!(
+        weights[0], weights[1],
+        "different seeds train different models"
+    );
+    let s: Value = serde_json::from_slice(&std::fs::read(dir.join("seeds.json")).unwrap()).unwrap();
+    let seeds: Vec<u64> = s["seeds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["seed"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seeds, [7, 8]);
+    let rows: Vec<&str> = s["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["after_stage"].as_str().unwrap())
+        .collect();
+    assert_eq!(rows, ["sft", "rlhf", "if", "math", "code", "swe"]);
+    // Every cell is the mean of the two seeds' tables.
+    let t: Vec<Value> = [7, 8]
+        .iter()
+        .map(|seed| {
+            serde_json::from_slice(
+                &std::fs::read(dir.join(format!("seed-{seed}/heldout.json"))).unwrap(),
+            )
+            .unwrap()
+        })
+        .collect();
+    let cell = &s["rows"][3]["scores"]["code"];
+    let (a, b) = (
+        t[0]["rows"][3]["scores"]["code"].as_f64().unwrap(),
+        t[1]["rows"][3]["scores"]["code"].as_f64().unwrap(),
+    );
+    assert!(
+        (cell["mean"].as_f64().unwrap() - (a + b) / 2.0).abs() < 1e-12,
+        "{cell}"
+    );
+    assert_eq!(cell["n"], 2);
+    assert_eq!(s["own_gains"].as_array().unwrap().len(), 5);
+    assert_eq!(s["own_gains"][2]["per_seed"].as_array().unwrap().len(), 2);
+    // 5 RL stages × 4 other domains.
+    assert_eq!(s["other_changes"].as_array().unwrap().len(), 20);
+    assert_eq!(
+        s["checks"].as_array().unwrap().len(),
+        3,
+        "no wall-clock goal for a --config run"
+    );
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        text.contains("held-out scores over 2 seed(s) (7, 8)"),
+        "{text}"
+    );
+    let page = std::fs::read_to_string(dir.join("report/index.html")).unwrap();
+    assert!(
+        page.contains("seed-8/report/index.html"),
+        "links every seed's report"
+    );
+
+    // The same command again reads the completed seeds back instead of running them.
+    let out = run();
+    assert!(out.status.success(), "{}", show(&out));
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(text.matches("already completed").count(), 2, "{text}");
+    assert_eq!(final_weights(&dir.join("seed-7")), weights[0]);
+}

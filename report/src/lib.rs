@@ -21,6 +21,10 @@
 //! marks ✓ if the score rose against the previous row, ✗ otherwise, beside the stage's paired
 //! change (`gains`) when the table has it.
 //!
+//! A multi-seed run (`cascade run --seeds N`) gets its own page, [`write_seeds_report`]: the
+//! held-out table as mean ± spread over seeds, each stage's own gain per seed, its changes to the
+//! other domains, and the goals met or not.
+//!
 //! # Layout
 //!
 //! `analysis` (stages, lag, idle time, process counts from the events), `html` (escaping,
@@ -33,6 +37,7 @@ mod charts;
 mod html;
 mod metrics;
 mod sections;
+mod seeds;
 mod summary;
 mod write;
 
@@ -43,6 +48,7 @@ pub use cascade_shared::metrics::{
     RmDone, RmStep, RunEnd, RunStart, SftStep, StageEnd,
 };
 pub use metrics::read_metrics;
+pub use seeds::write_seeds_report;
 pub use summary::{CompareSummary, LagStats, ReportSummary};
 pub use write::write_report;
 

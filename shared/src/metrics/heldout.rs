@@ -68,8 +68,10 @@ pub struct StageGain {
     #[serde(default = "nan")]
     pub after: f64,
     /// Mean over the prompts scored in both rows of (after − before).
+    #[serde(deserialize_with = "nan_for_null")]
     pub diff: f64,
     /// Standard error of `diff` (paired over prompts).
+    #[serde(deserialize_with = "nan_for_null")]
     pub se: f64,
     /// Prompts in the comparison.
     #[serde(default)]
@@ -78,6 +80,11 @@ pub struct StageGain {
 
 fn nan() -> f64 {
     f64::NAN
+}
+
+/// A number written as `null` (a NaN when it was written) reads as NaN.
+pub(super) fn nan_for_null<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
 /// A map of numbers where `null` (a NaN when it was written) reads as NaN.

@@ -59,12 +59,21 @@
 //!  "gains": [{"stage": "math", "domain": "math", "before": 0.41, "after": 0.47,
 //!             "diff": 0.03, "se": 0.01, "prompts": 96}, ...]}
 //! ```
+//!
+//! # `seeds.json`
+//!
+//! [`SeedsSummary`], written by `cascade run --seeds N` into the directory that holds the
+//! `seed-S/` runs: each seed's held-out table, the table's mean ± spread across seeds
+//! ([`Spread`]), each RL stage's own gain per seed ([`OwnGain`]), its change to every other
+//! domain ([`OtherChange`]), what each domain kept after the last stage ([`Retention`]), and the
+//! goals checked against them ([`SeedGoals`], [`GoalCheck`]).
 
 mod events;
 mod heldout;
 mod log;
 mod memory;
 mod read;
+mod seeds;
 
 pub use events::{
     ActorEvent, Eval, EvalScores, LearnerExit, LearnerStep, MetricsEvent, ModeStats, ProcessEvent,
@@ -75,3 +84,7 @@ pub use heldout::{HeldoutRow, HeldoutTable, StageGain, HELDOUT_FILE};
 pub use log::{read_events, unix_now, MetricsLog, METRICS_FILE};
 pub use memory::{device_memory_mb, peak_rss_mb, rss_mb, MemoryReading, StepMemory};
 pub use read::{parse_metrics, Event, EventKind, Metrics};
+pub use seeds::{
+    tolerance, GoalCheck, OtherChange, OwnGain, Retention, SeedGoals, SeedRun, SeedsSummary,
+    Spread, SEEDS_FILE,
+};

@@ -14,11 +14,15 @@
 //! - **Resume**: `--resume RUN_DIR` continues from the newest complete snapshot.
 //! - **End**: the held-out table (`heldout.json`), a `run_end` event and `report/index.html`.
 //!
+//! - **Seeds**: `--seeds N` runs the whole thing N times with different seeds and summarises
+//!   the held-out table across them (`seeds`).
+//!
 //! One file per concept: `config` (the run directory and the saved config), `supervisor` (the
 //! child processes), `progress` (the live view from `metrics.jsonl`).
 
 mod config;
 mod progress;
+mod seeds;
 mod supervisor;
 
 use std::path::PathBuf;
@@ -38,7 +42,7 @@ use progress::Progress;
 use supervisor::{Outcome, Supervisor};
 
 /// Arguments of `cascade run`.
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub struct RunArgs {
     /// The run configuration and overrides (default: the embedded tiny default).
     #[command(flatten)]
@@ -67,10 +71,23 @@ pub struct RunArgs {
     /// Start even when the memory plan (`cascade plan`) says a stage does not fit.
     #[arg(long)]
     pub skip_memory_check: bool,
+    /// Run the whole thing N times with seeds `--seed-base` … `--seed-base + N − 1` (model
+    /// initialisation, actors, learner) in `RUN_DIR/seed-S`, then summarise the held-out table
+    /// across seeds (mean ± spread, each stage's own gain per seed, its changes to the other
+    /// domains) in `RUN_DIR/seeds.json` and `RUN_DIR/report/`. Running the same command again
+    /// continues an interrupted multi-seed run.
+    #[arg(long, value_name = "N", conflicts_with = "resume")]
+    pub seeds: Option<u32>,
+    /// The first seed of `--seeds`.
+    #[arg(long, default_value_t = 0, requires = "seeds")]
+    pub seed_base: u64,
 }
 
 /// Runs `cascade run`.
 pub fn run(args: RunArgs) -> anyhow::Result<i32> {
+    if let Some(n) = args.seeds {
+        return seeds::run(args, n);
+    }
     let started = Instant::now();
     // 1. The config, validated before anything is created.
     let (run_dir, resuming) = match config::run_dir(&args) {
