@@ -255,6 +255,20 @@ pub fn accumulate_sft_gradients(
     optimizer: &mut AdamW,
     device: &Device,
 ) -> Result<SftStats> {
+    accumulate_scaled_sft_gradients(model, rows, micro_batch, optimizer, device, 1.0)
+}
+
+/// [`accumulate_sft_gradients`] with the loss weighted by `scale` (an RL stage's `sft_mix`
+/// coefficient): the gradients added are `scale` × those of the mean NLL; the loss reported
+/// is the unweighted mean NLL.
+pub fn accumulate_scaled_sft_gradients(
+    model: &CausalLm,
+    rows: &[PackedRow],
+    micro_batch: usize,
+    optimizer: &mut AdamW,
+    device: &Device,
+    scale: f64,
+) -> Result<SftStats> {
     let trained: usize = rows.iter().map(PackedRow::trained_tokens).sum();
     let total: usize = rows.iter().map(|r| r.ids.len()).sum();
     if trained == 0 {
@@ -291,7 +305,8 @@ pub fn accumulate_sft_gradients(
         let logprobs = model.token_logprobs_selected(&ids, Some(&seg), &selected)?;
         let nll = (logprobs.sum_all()?.neg()? / norm)?;
         loss_sum += f64::from(nll.to_scalar::<f32>()?);
-        let grads = nll.backward()?;
+        let weighted = if scale == 1.0 { nll } else { (nll * scale)? };
+        let grads = weighted.backward()?;
         optimizer.accumulate(&grads)?;
     }
     Ok(SftStats {

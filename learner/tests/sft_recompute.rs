@@ -6,7 +6,7 @@
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
 use cascade_learner::optim::{AdamW, AdamWConfig};
-use cascade_learner::sft::{accumulate_sft_gradients, PackedRow};
+use cascade_learner::sft::{accumulate_scaled_sft_gradients, accumulate_sft_gradients, PackedRow};
 use cascade_shared::model::{
     gather_logprobs, random_weights, trainable_from_tensors, CausalLm, ModelConfig, Params,
 };
@@ -107,6 +107,48 @@ fn sft_gradients_equal_the_plain_loss() -> Result<()> {
                 "checkpoint {checkpoint}, {name}: {diff} vs {top}"
             );
         }
+    }
+    Ok(())
+}
+
+/// An RL stage's `sft_mix` adds `coef` × the SFT gradients on top of what the step has already
+/// accumulated (its GRPO gradients): here the gradients of one row, then 0.3 × another's.
+#[test]
+fn sft_mix_gradients_add_coef_times_the_plain_gradients() -> Result<()> {
+    let (model, params) = model(256)?;
+    let (first, second) = (&rows()[..1], &rows()[1..]);
+    let want_first = plain_gradients(&model, &params, first)?;
+    let want_second = plain_gradients(&model, &params, second)?;
+    let mut opt = AdamW::new(
+        params.vars.clone().into_iter().collect(),
+        AdamWConfig::default(),
+    )?;
+    accumulate_sft_gradients(&model, first, 2, &mut opt, &Device::Cpu)?;
+    let unscaled = accumulate_scaled_sft_gradients(&model, second, 2, &mut opt, &Device::Cpu, 1.0)?;
+    let mut opt_mixed = AdamW::new(
+        params.vars.clone().into_iter().collect(),
+        AdamWConfig::default(),
+    )?;
+    accumulate_sft_gradients(&model, first, 2, &mut opt_mixed, &Device::Cpu)?;
+    let mixed =
+        accumulate_scaled_sft_gradients(&model, second, 2, &mut opt_mixed, &Device::Cpu, 0.3)?;
+    // The reported loss is the unweighted mean NLL.
+    assert!(
+        (mixed.loss - unscaled.loss).abs() < 1e-6,
+        "{mixed:?} vs {unscaled:?}"
+    );
+    for (((name, _), a), b) in params.vars.iter().zip(&want_first).zip(&want_second) {
+        let want = (a.to_dtype(DType::F32)? + (b.to_dtype(DType::F32)? * 0.3)?)?;
+        let got = opt_mixed
+            .grad(name)
+            .expect("every parameter has a gradient");
+        let diff = (got - &want)?
+            .abs()?
+            .flatten_all()?
+            .max(0)?
+            .to_scalar::<f32>()?;
+        let top = want.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?;
+        assert!(diff <= 1e-5 * top, "{name}: {diff} vs {top}");
     }
     Ok(())
 }

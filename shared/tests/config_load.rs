@@ -168,6 +168,15 @@ fn cross_field_checks() {
         ("warmup_steps = 11", "stages[0].warmup_steps"),
         ("token_budget = 100", "SFT stages only"),
         ("betas = [0.9, 1.0]", "stages[0].betas[1]"),
+        (
+            "sft_mix = { dataset = \"sft.jsonl\", coef = 0.0 }",
+            "stages[0].sft_mix.coef",
+        ),
+        (
+            "sft_mix = { dataset = \"sft.jsonl\", coef = 0.5, rows = 0 }",
+            "stages[0].sft_mix.rows",
+        ),
+        ("sft_mix = { coef = 0.5 }", "dataset"),
     ];
     for (line, needle) in cases {
         let e = err(&MINIMAL.replace("steps = 10", &format!("steps = 10\n{line}")));
@@ -298,6 +307,38 @@ fn check_files_names_the_missing_one() {
     );
     std::fs::write(dir.path().join("math.jsonl"), "{}\n").unwrap();
     cfg.check_files().unwrap();
+}
+
+/// An RL stage's `sft_mix` (SFT rows mixed into its steps): parsed with its defaults, refused on
+/// an SFT stage, and its dataset is one of the files the run checks.
+#[test]
+fn sft_mix_is_parsed_checked_and_its_dataset_required() {
+    let with_mix = MINIMAL.replace(
+        "steps = 10",
+        "steps = 10\nsft_mix = { dataset = \"sft.jsonl\", coef = 0.25 }",
+    );
+    let cfg = parse(&with_mix).unwrap();
+    let mix = cfg.stages[0].sft_mix.as_ref().unwrap();
+    assert_eq!((mix.coef, mix.rows, mix.token_budget), (0.25, 2, None));
+    let on_sft =
+        "[model]\npath = \"ckpt\"\n[[stages]]\nname = \"s\"\nkind = \"sft\"\ndataset = \"d\"\n\
+                  steps = 1\nlr = 1e-5\nsft_mix = { dataset = \"d\", coef = 1.0 }\n";
+    let e = err(on_sft);
+    assert!(
+        e.contains("stages[0].sft_mix") && e.contains("RL stages only"),
+        "{e}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("ckpt")).unwrap();
+    std::fs::write(dir.path().join("math.jsonl"), "{}\n").unwrap();
+    let file = dir.path().join("run.toml");
+    std::fs::write(&file, &with_mix).unwrap();
+    let cfg = RunConfig::load(&file, &[]).unwrap();
+    let e = cfg.check_files().unwrap_err().to_string();
+    assert!(
+        e.contains("stages[0].sft_mix.dataset") && e.contains("sft.jsonl"),
+        "{e}"
+    );
 }
 
 #[test]

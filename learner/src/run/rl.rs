@@ -17,6 +17,7 @@ use crate::batch::GrpoBatch;
 use crate::error::Result;
 use crate::filter::GroupFilter;
 use crate::optim::StepOutcome;
+use crate::sft::accumulate_scaled_sft_gradients;
 use crate::train_step::accumulate_grpo_gradients;
 
 impl<S: RolloutSource> Learner<'_, S> {
@@ -54,6 +55,10 @@ impl<S: RolloutSource> Learner<'_, S> {
         } else {
             None
         };
+        let mut sft_mix = match &stage.sft_mix {
+            Some(mix) => Some((mix, self.sft_mix_schedule(index, stage, mix)?)),
+            None => None,
+        };
         while (self.state.stage_step as usize) < stage.steps {
             let t0 = Instant::now();
             let memory = StepMemory::start();
@@ -79,12 +84,30 @@ impl<S: RolloutSource> Learner<'_, S> {
                 &mut self.optimizer,
                 &self.opts.device,
             )?;
+            // sft_mix: coef × the mean NLL of the next rows of SFT conversations, added to the
+            // GRPO loss (skipped with it on a step without signal).
+            let mix_stats = match (&mut sft_mix, step.no_signal) {
+                (Some((mix, rows)), false) => {
+                    let start = self.state.stage_step as usize * mix.rows;
+                    Some(accumulate_scaled_sft_gradients(
+                        &self.policy.model,
+                        &rows.rows(start, mix.rows),
+                        config.learner.micro_batch,
+                        &mut self.optimizer,
+                        &self.opts.device,
+                        mix.coef,
+                    )?)
+                }
+                _ => None,
+            };
+            let mix_coef = stage.sft_mix.as_ref().map_or(0.0, |m| m.coef);
+            let loss = stats.loss + mix_stats.map_or(0.0, |m| mix_coef * m.loss);
             let lr = schedule_lr.lr(self.state.stage_step);
             let outcome = if step.no_signal {
                 self.optimizer.zero_grad();
                 StepOutcome::Applied { grad_norm: 0.0, lr }
             } else {
-                self.optimizer.step(lr, stats.loss)?
+                self.optimizer.step(lr, loss)?
             };
             let grad_norm = match outcome {
                 StepOutcome::Applied { grad_norm, .. } => Some(grad_norm),
@@ -128,6 +151,7 @@ impl<S: RolloutSource> Learner<'_, S> {
                 step: Some(self.state.step),
                 policy_version: Some(self.state.policy_version),
                 loss: Some(stats.loss),
+                sft_mix_loss: mix_stats.map(|m| m.loss),
                 grad_norm,
                 lr: Some(lr),
                 train_tokens: Some(batch.total_tokens() as u64),

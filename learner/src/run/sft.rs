@@ -2,7 +2,8 @@
 
 use std::time::Instant;
 
-use cascade_shared::config::StageConfig;
+use cascade_shared::config::{DatasetEntry, SftMix, StageConfig};
+use cascade_shared::data::Kind;
 use cascade_shared::metrics::{SftStep, StepMemory};
 use cascade_shared::transport::RolloutSource;
 
@@ -15,29 +16,52 @@ use crate::sft::{accumulate_sft_gradients, load_sft_from, SftSchedule};
 /// Salt of the SFT packing order.
 const SFT_SALT: u64 = 0x5f73_6674_5f6f_7264;
 
+/// Salt of the packing order of an RL stage's `sft_mix` rows.
+const SFT_MIX_SALT: u64 = 0x6d69_785f_7366_7400;
+
 /// Token budget of a packed row when the stage sets none.
 const DEFAULT_TOKEN_BUDGET: usize = 2048;
 
 impl<S: RolloutSource> Learner<'_, S> {
     /// Loads the stage's conversations and packs them into rows.
     pub(super) fn sft_schedule(&self, index: usize, stage: &StageConfig) -> Result<SftSchedule> {
-        let config = &self.opts.config;
         let budget = stage.token_budget.unwrap_or(DEFAULT_TOKEN_BUDGET);
-        let (kind, _) = stage.data_kind();
-        let spec = config.data_spec(&stage.dataset, kind, None)?;
+        self.conversations(&stage.name, &stage.dataset, budget, SFT_SALT ^ index as u64)
+    }
+
+    /// The conversations an RL stage's `sft_mix` adds to its steps, packed into rows.
+    pub(super) fn sft_mix_schedule(
+        &self,
+        index: usize,
+        stage: &StageConfig,
+        mix: &SftMix,
+    ) -> Result<SftSchedule> {
+        let budget = mix.token_budget.unwrap_or(DEFAULT_TOKEN_BUDGET);
+        self.conversations(
+            &stage.name,
+            &mix.dataset,
+            budget,
+            SFT_MIX_SALT ^ index as u64,
+        )
+    }
+
+    fn conversations(
+        &self,
+        stage: &str,
+        dataset: &DatasetEntry,
+        budget: usize,
+        salt: u64,
+    ) -> Result<SftSchedule> {
+        let config = &self.opts.config;
+        let spec = config.data_spec(dataset, Kind::Sft, None)?;
         let data = load_sft_from(&spec, &self.chat, budget)?;
         if data.too_long > 0 {
             tracing::warn!(
-                "stage {}: {} conversations longer than {budget} tokens skipped",
-                stage.name,
+                "stage {stage}: {} conversations longer than {budget} tokens skipped",
                 data.too_long
             );
         }
-        Ok(SftSchedule::new(
-            data,
-            budget,
-            config.learner.seed ^ SFT_SALT ^ index as u64,
-        ))
+        Ok(SftSchedule::new(data, budget, config.learner.seed ^ salt))
     }
 
     /// Runs the SFT stage to its end; `false` if stopped first.

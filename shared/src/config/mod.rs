@@ -28,7 +28,8 @@ pub use model::{DtypeChoice, InitConfig, ModelConfig};
 pub use outcomes::OutcomeConfig;
 pub use overrides::Override;
 pub use stage::{
-    IfStrictness, KlEstimator, LossAgg, MaxResponseTokens, Schedule, StageConfig, VerifierConfig,
+    IfStrictness, KlEstimator, LossAgg, MaxResponseTokens, Schedule, SftMix, StageConfig,
+    VerifierConfig,
 };
 
 use error::invalid;
@@ -240,6 +241,9 @@ impl RunConfig {
             datasets.push((format!("stages[{i}].dataset"), &s.dataset));
             if let Some(h) = &s.heldout {
                 datasets.push((format!("stages[{i}].heldout"), h));
+            }
+            if let Some(mix) = &s.sft_mix {
+                datasets.push((format!("stages[{i}].sft_mix.dataset"), &mix.dataset));
             }
             if let Some(rm) = &s.verifier.reward_model {
                 files.push((format!("stages[{i}].verifier.reward_model"), rm));

@@ -239,6 +239,34 @@ pub struct StageConfig {
     /// Verifier options.
     #[serde(default)]
     pub verifier: VerifierConfig,
+    /// RL only: an SFT term added to every step's loss (InstructGPT's "PPO-ptx"; not in
+    /// RECIPE.md), which keeps the answer formats of every domain while one domain's reward
+    /// moves the policy.
+    #[serde(default)]
+    pub sft_mix: Option<SftMix>,
+}
+
+/// `[stages.sft_mix]`: supervised rows mixed into an RL stage's steps. Each step adds
+/// `coef` × the mean negative log-likelihood per trained token of `rows` packed rows of
+/// `dataset` (SFT conversations) to the GRPO loss; the rows follow on from step to step in a
+/// seeded order (resumable: row `k` of step `s` is row `s·rows + k`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SftMix {
+    /// SFT conversations, as an SFT stage's `dataset`.
+    pub dataset: DatasetEntry,
+    /// Weight of the SFT loss against the GRPO loss (> 0).
+    pub coef: f64,
+    /// Packed rows per step.
+    #[serde(default = "default_sft_mix_rows")]
+    pub rows: usize,
+    /// Max packed row length in tokens (default 2048, as SFT stages).
+    #[serde(default)]
+    pub token_budget: Option<usize>,
+}
+
+fn default_sft_mix_rows() -> usize {
+    2
 }
 
 fn default_betas() -> [f64; 2] {
@@ -424,6 +452,27 @@ impl StageConfig {
             }
         } else if self.token_budget == Some(0) {
             return Err(invalid(key("token_budget"), "must be at least 1"));
+        }
+        if let Some(mix) = &self.sft_mix {
+            if !self.is_rl() {
+                return Err(invalid(
+                    key("sft_mix"),
+                    "applies to RL stages only (an SFT stage is all SFT)",
+                ));
+            }
+            mix.dataset.validate(&key("sft_mix.dataset"))?;
+            if !(mix.coef > 0.0 && mix.coef.is_finite()) {
+                return Err(invalid(
+                    key("sft_mix.coef"),
+                    format!("must be > 0 (leave sft_mix out for none), got {}", mix.coef),
+                ));
+            }
+            if mix.rows == 0 {
+                return Err(invalid(key("sft_mix.rows"), "must be at least 1"));
+            }
+            if mix.token_budget == Some(0) {
+                return Err(invalid(key("sft_mix.token_budget"), "must be at least 1"));
+            }
         }
         self.validate_lengths(at)?;
         self.validate_verifier(at, trained_rm)

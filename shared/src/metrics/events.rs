@@ -215,6 +215,9 @@ pub struct LearnerStep {
     pub policy_version: Option<u64>,
     /// GRPO loss.
     pub loss: Option<f64>,
+    /// Mean NLL per trained token of the stage's `sft_mix` rows (weighted by its `coef` in
+    /// the step's loss; absent without `sft_mix`).
+    pub sft_mix_loss: Option<f64>,
     /// Gradient norm before clipping (`null`: the step was skipped).
     pub grad_norm: Option<f64>,
     /// Learning rate.

@@ -146,6 +146,14 @@ fn check_datasets(config: &RunConfig) -> Result<(), String> {
         if let (Some(h), true) = (&s.heldout, s.is_rl()) {
             entries.push((format!("stages.{}.heldout", s.name), h, kind, domain));
         }
+        if let Some(mix) = &s.sft_mix {
+            entries.push((
+                format!("stages.{}.sft_mix.dataset", s.name),
+                &mix.dataset,
+                Kind::Sft,
+                None,
+            ));
+        }
     }
     if let Some(rm) = &config.reward_model {
         entries.push((
