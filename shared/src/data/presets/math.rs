@@ -4,7 +4,7 @@
 
 use serde_json::{Map, Value};
 
-use super::{answer_text, keep, put_prompt, req, with_domain, Mapped};
+use super::{answer_text, keep, move_cols, put_prompt, put_prompt_owned, req, with_domain, Mapped};
 use crate::data::record::{kind_of, FieldError, FieldResult};
 use crate::StageKind;
 
@@ -167,7 +167,7 @@ fn put_ground_truth(
 }
 
 /// veRL: `prompt` (message list), `reward_model.ground_truth`, `data_source`, `extra_info`.
-pub fn verl(row: &Map<String, Value>, domain: Option<StageKind>) -> FieldResult<Mapped> {
+pub fn verl(mut row: Map<String, Value>, domain: Option<StageKind>) -> FieldResult<Mapped> {
     let source = row.get("data_source").and_then(Value::as_str).unwrap_or("");
     let domain = domain.or_else(|| domain_of_source(source)).ok_or_else(|| {
         FieldError::col(
@@ -176,16 +176,20 @@ pub fn verl(row: &Map<String, Value>, domain: Option<StageKind>) -> FieldResult<
         )
     })?;
     let mut out = Map::new();
-    put_prompt(&mut out, "prompt", req(row, "prompt")?)?;
+    // The row is ours: its columns move into the canonical object rather than being copied.
+    match row.remove("prompt") {
+        None | Some(Value::Null) => return Err(FieldError::col("prompt", "missing")),
+        Some(prompt) => put_prompt_owned(&mut out, "prompt", prompt)?,
+    }
     if domain != StageKind::Rlhf {
-        let rm = req(row, "reward_model")?;
+        let rm = req(&row, "reward_model")?;
         let truth = rm
             .get("ground_truth")
             .filter(|v| !v.is_null())
             .ok_or_else(|| FieldError::col("reward_model.ground_truth", "missing"))?;
         put_ground_truth(&mut out, "reward_model.ground_truth", domain, truth)?;
     }
-    keep(&mut out, row, &["data_source", "extra_info"]);
+    move_cols(&mut out, &mut row, &["data_source", "extra_info"]);
     Ok(Mapped::Row(with_domain(out, domain)))
 }
 
