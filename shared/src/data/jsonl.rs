@@ -331,7 +331,7 @@ impl Iterator for JsonlRows {
             }
         }
         let (start, end) = self.current;
-        let fields = match serde_json::from_slice::<Value>(&self.buf[start..end]) {
+        let fields = match parse(&self.buf[start..end]) {
             Ok(Value::Object(o)) => Ok(o),
             Ok(_) => Err(FieldError::row("expected a JSON object")),
             Err(e) => Err(FieldError::row(format!("not valid JSON: {e}"))),
@@ -341,6 +341,15 @@ impl Iterator for JsonlRows {
             row_no: self.line,
             fields,
         }))
+    }
+}
+
+/// A line as JSON. A line that is UTF-8 (checked once, not string by string) is parsed as
+/// text; any other goes through the byte parser, for its error message.
+fn parse(line: &[u8]) -> serde_json::Result<Value> {
+    match std::str::from_utf8(line) {
+        Ok(text) => serde_json::from_str(text),
+        Err(_) => serde_json::from_slice(line),
     }
 }
 

@@ -496,15 +496,6 @@ fn put_prompt_owned(out: &mut Map<String, Value>, col: &str, v: Value) -> FieldR
     Ok(())
 }
 
-/// Moves `cols` of `row` (when present and not null) to `out` under the same names.
-fn move_cols(out: &mut Map<String, Value>, row: &mut Map<String, Value>, cols: &[&str]) {
-    for c in cols {
-        if let Some(v) = row.remove(*c).filter(|v| !v.is_null()) {
-            out.insert((*c).to_string(), v);
-        }
-    }
-}
-
 /// Keeps `cols` of `row` (when present and not null) in `out` under the same names.
 fn keep(out: &mut Map<String, Value>, row: &Map<String, Value>, cols: &[&str]) {
     for c in cols {
