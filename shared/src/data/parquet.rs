@@ -334,17 +334,15 @@ fn value_bytes(v: &Value) -> usize {
     }
 }
 
-/// [`value_bytes`] of a map: per entry its key, its value, and the tree's share.
+/// Bytes of one `BTreeMap<String, Value>` leaf node: 11 keys and values, parent, lengths.
+const BTREE_NODE: usize = 11 * (std::mem::size_of::<String>() + std::mem::size_of::<Value>()) + 16;
+
+/// [`value_bytes`] of a map: its tree's nodes, and each key's and value's own heap bytes.
 fn map_bytes(m: &Map<String, Value>) -> usize {
-    m.iter()
-        .map(|(k, v)| {
-            k.capacity()
-                + std::mem::size_of::<String>()
-                + std::mem::size_of::<Value>()
-                + 16
-                + value_bytes(v)
-        })
-        .sum()
+    m.len().div_ceil(11) * BTREE_NODE
+        + m.iter()
+            .map(|(k, v)| k.capacity() + value_bytes(v))
+            .sum::<usize>()
 }
 
 fn parquet_err(path: &Path, source: ParquetError) -> DataError {

@@ -136,12 +136,22 @@ pub const GROUP_CACHE_BYTES: usize = 64 << 20;
 /// Recently decoded Parquet row groups, least recently used first, within a byte budget: what
 /// reads by row number (a shuffled prompt schedule) keep between draws, so that a draw from a
 /// group decoded before costs a copy of its row, not a decode of the group.
+///
+/// When the groups drawn do not fit (the cache has evicted) and fewer than half the draws
+/// since hit it, the cache stops taking groups: a miss then decodes its group only up to the
+/// row (half a group on average, where decoding a group to keep it costs a whole one), and the
+/// groups already kept still serve their draws.
 #[derive(Debug)]
 struct GroupCache {
     budget: usize,
     bytes: usize,
     /// `(file, group, rows)`.
     groups: VecDeque<(usize, usize, Arc<DecodedGroup>)>,
+    /// Whether a group was evicted yet.
+    full: bool,
+    /// Hits and misses since the first eviction.
+    hits: u64,
+    misses: u64,
 }
 
 impl GroupCache {
@@ -150,6 +160,26 @@ impl GroupCache {
             budget,
             bytes: 0,
             groups: VecDeque::new(),
+            full: false,
+            hits: 0,
+            misses: 0,
+        }
+    }
+
+    /// Whether a group decoded for a miss should be kept: not when the cache has been full
+    /// for a while and misses more often than it hits.
+    fn takes_groups(&self) -> bool {
+        !(self.full && self.misses >= 16 && self.hits < self.misses)
+    }
+
+    /// Counts a lookup (from the first eviction on).
+    fn count(&mut self, hit: bool) {
+        if self.full {
+            if hit {
+                self.hits += 1;
+            } else {
+                self.misses += 1;
+            }
         }
     }
 
@@ -172,7 +202,10 @@ impl GroupCache {
         self.groups.push_back((file, group, rows));
         while self.bytes > self.budget {
             match self.groups.pop_front() {
-                Some((_, _, old)) => self.bytes -= old.bytes,
+                Some((_, _, old)) => {
+                    self.bytes -= old.bytes;
+                    self.full = true;
+                }
                 None => break,
             }
         }
@@ -340,15 +373,17 @@ impl DataReader {
     /// Row `row` of Parquet file `file` (its index), through the cache of decoded groups.
     fn parquet_row(&self, file: usize, p: &ParquetFile, row: u64) -> Result<Option<RawRow>> {
         let group = p.group_of(row);
-        let budget = {
+        let keep = {
             let mut cache = self.groups.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(rows) = cache.find(file, group) {
+            let found = cache.find(file, group);
+            cache.count(found.is_some());
+            if let Some(rows) = found {
                 return p.row_in(&rows, row).transpose();
             }
-            cache.budget
+            cache.takes_groups() && p.group_size(group) <= cache.budget as u64
         };
-        if p.group_size(group) > budget as u64 {
-            // Too large to keep: decode up to the row.
+        if !keep {
+            // Not to be kept (too large, or the cache does not pay): decode up to the row.
             return p.rows_from(row)?.next().transpose();
         }
         let rows = Arc::new(p.decode_group(group));
