@@ -94,7 +94,8 @@ impl Scan {
     fn end_line(&mut self, next_start: u64) {
         self.line += 1;
         if self.nonblank {
-            if self.rows % STRIDE == 0 {
+            // Row `rows` is the next checkpoint's (`is_multiple_of` is newer than our MSRV).
+            if self.checkpoints.len() as u64 * STRIDE == self.rows {
                 self.checkpoints.push((self.line_start, self.line));
             }
             if (self.rows as usize) < PROBE_ROWS {
