@@ -1,7 +1,8 @@
 //! `cascade eval`: pass@1 / pass@k and mean reward of a model (a snapshot or any Hugging Face
-//! checkpoint directory) on a JSONL prompt file, with the training verifiers.
+//! checkpoint directory) on a prompt dataset (JSONL or Parquet, a file, glob or directory of
+//! shards, in our layout or a public one), with the training verifiers.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use cascade_actor::dataset::Dataset;
@@ -9,6 +10,7 @@ use cascade_actor::eval::{evaluate, EvalOptions};
 use cascade_actor::verifiers::verifier_for;
 use cascade_shared::chat::Chat;
 use cascade_shared::config::VerifierConfig;
+use cascade_shared::data::{DataReader, DataSpec, Kind, Outcome, Row, Schema};
 use cascade_shared::device::parse_device;
 use cascade_shared::model::load_model;
 use cascade_shared::{Mode, StageKind};
@@ -20,10 +22,16 @@ pub struct EvalArgs {
     /// Model directory: a snapshot `RUN_DIR/snapshots/vNNNNNN` or a Hugging Face checkpoint.
     #[arg(long)]
     pub model: PathBuf,
-    /// Prompts (JSONL with the domain's reference fields, as in training).
+    /// Prompts: a JSONL or Parquet file, a glob or a directory of shards, read as in training.
     #[arg(long)]
     pub data: PathBuf,
-    /// Domain: math | if | code | swe | rlhf (default: inferred from the first line's fields).
+    /// The dataset's layout: a preset name or a `FIELD=PATH,...` column mapping, as a config's
+    /// `schema` and `cascade data inspect --schema` take it (default: recognised from the
+    /// columns).
+    #[arg(long, value_parser = parse_schema)]
+    pub schema: Option<Schema>,
+    /// Domain: math | if | code | swe | rlhf (default: the schema's, else inferred from the
+    /// reference fields of the first usable row).
     #[arg(long)]
     pub kind: Option<String>,
     /// Reward model directory (rlhf).
@@ -67,30 +75,56 @@ pub struct EvalArgs {
     pub dump: Option<PathBuf>,
 }
 
-/// The domain of a prompt file from the reference fields of its first line.
-pub fn infer_kind(path: &std::path::Path) -> anyhow::Result<StageKind> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let first = text
-        .lines()
-        .find(|l| !l.trim().is_empty())
-        .with_context(|| format!("{} is empty", path.display()))?;
-    let v: serde_json::Value = serde_json::from_str(first)
-        .with_context(|| format!("{}:1: not valid JSON", path.display()))?;
-    Ok(if v.get("answer").is_some() {
-        StageKind::Math
-    } else if v.get("instruction_id_list").is_some() {
-        StageKind::If
-    } else if v.get("tests").is_some()
-        || v.get("call_tests").is_some()
-        || v.get("test_code").is_some()
+/// `--schema`, parsed as a config's `schema` is.
+fn parse_schema(text: &str) -> Result<Schema, String> {
+    Schema::parse(text).map_err(|e| e.to_string())
+}
+
+/// The domain of a canonical RL object: its `domain`, else the reference fields it has.
+fn domain_of(reference: &serde_json::Value) -> StageKind {
+    let has = |k: &str| reference.get(k).is_some();
+    if let Some(d) = reference
+        .get("domain")
+        .and_then(serde_json::Value::as_str)
+        .and_then(StageKind::parse)
+        .filter(|d| *d != StageKind::Sft)
     {
+        d
+    } else if has("answer") {
+        StageKind::Math
+    } else if has("instruction_id_list") {
+        StageKind::If
+    } else if has("tests") || has("call_tests") || has("test_code") {
         StageKind::Code
-    } else if v.get("gold_patch").is_some() {
+    } else if has("gold_patch") {
         StageKind::Swe
     } else {
         StageKind::Rlhf
-    })
+    }
+}
+
+/// The domain of a prompt dataset read with `schema` (detected when `None`): the one the
+/// schema fixes, else the one of its first usable row (its `domain`, else its reference
+/// fields).
+pub fn infer_kind(data: &Path, schema: Option<&Schema>) -> anyhow::Result<StageKind> {
+    let reader = DataReader::open(&DataSpec {
+        path: data.display().to_string(),
+        schema: schema.cloned(),
+        kind: Some(Kind::Rl),
+        ..DataSpec::default()
+    })?;
+    if let Some(d) = reader.domain() {
+        return Ok(d);
+    }
+    for r in reader.rows_from(0)? {
+        if let Outcome::Accepted(Row::Rl(row)) = r?.outcome {
+            return Ok(domain_of(&row.reference));
+        }
+    }
+    bail!(
+        "{}: no usable prompt (see `cascade data inspect`)",
+        data.display()
+    )
 }
 
 /// Runs `cascade eval`.
@@ -103,7 +137,7 @@ pub fn run(args: EvalArgs) -> anyhow::Result<i32> {
             }
             Some(k) => k,
         },
-        None => infer_kind(&args.data)?,
+        None => infer_kind(&args.data, args.schema.as_ref())?,
     };
     let mode = match args.mode.as_deref() {
         None => None,
@@ -117,7 +151,13 @@ pub fn run(args: EvalArgs) -> anyhow::Result<i32> {
     let model = load_model(&args.model, &device)
         .with_context(|| format!("loading {}", args.model.display()))?;
     let chat = Chat::from_dir(&args.model)?;
-    let dataset = Dataset::load(&args.data, kind)?;
+    let dataset = Dataset::open(&DataSpec {
+        path: args.data.display().to_string(),
+        schema: args.schema.clone(),
+        kind: Some(Kind::Rl),
+        domain: Some(kind),
+        ..DataSpec::default()
+    })?;
     let verifier = verifier_for(
         kind,
         &VerifierConfig::default(),

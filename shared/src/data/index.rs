@@ -1,6 +1,7 @@
 //! One dataset file of either format, behind one indexed interface.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::{Map, Value};
 
@@ -18,6 +19,45 @@ pub struct RawRow {
     pub row_no: u64,
     /// The row's columns, or why it could not be read as an object.
     pub fields: std::result::Result<Map<String, Value>, FieldError>,
+}
+
+/// What reads of one file have done (shared by its clones): how often it was opened, how many
+/// bytes were read from it and how many Parquet row groups were decoded. The readers keep a
+/// file open from its indexing on, so `opens` stays 1 however rows are asked for.
+#[derive(Debug, Default)]
+pub struct IoCounts {
+    opens: AtomicU64,
+    bytes: AtomicU64,
+    groups: AtomicU64,
+}
+
+impl IoCounts {
+    /// Times the file was opened.
+    pub fn opens(&self) -> u64 {
+        self.opens.load(Ordering::Relaxed)
+    }
+
+    /// Bytes read from it (JSONL; Parquet counts the column chunks and footer it read).
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Parquet row groups whose decoding started (a sequential pass decodes each once).
+    pub fn group_decodes(&self) -> u64 {
+        self.groups.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn opened(&self) {
+        self.opens.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn read(&self, n: usize) {
+        self.bytes.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn group_decoded(&self) {
+        self.groups.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// A file's format.
@@ -110,6 +150,23 @@ impl RawFile {
         match self {
             RawFile::Jsonl(f) => f.columns(),
             RawFile::Parquet(f) => f.columns(),
+        }
+    }
+
+    /// What reading it has done so far.
+    pub fn counts(&self) -> &IoCounts {
+        match self {
+            RawFile::Jsonl(f) => f.counts(),
+            RawFile::Parquet(f) => f.counts(),
+        }
+    }
+
+    /// Row `row` alone (`None` past the end). A Parquet file decodes the row's group up to it;
+    /// [`crate::data::DataReader::get`] keeps recently decoded groups.
+    pub fn get(&self, row: u64) -> Result<Option<RawRow>> {
+        match self {
+            RawFile::Jsonl(f) => f.get(row),
+            RawFile::Parquet(f) => f.rows_from(row)?.next().transpose(),
         }
     }
 

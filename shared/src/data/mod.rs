@@ -32,7 +32,7 @@ mod error;
 
 pub use checked::{open_and_scan, scan, Indexed};
 pub use error::{DataError, Result, RowError};
-pub use index::{FileFormat, RawFile};
+pub use index::{FileFormat, IoCounts, RawFile};
 pub use presets::{detect, MapOptions, Preset, Probe};
 pub use reader::{DataReader, DataSpec, Kind, Outcome, ReadRow, ReadStats};
 pub use record::{PairRow, RlRow, Row, SftRow};

@@ -6,13 +6,16 @@
 //! column), or skipped on purpose (a HelpSteer3 tie, a LiveCodeBench problem outside the asked
 //! dates).
 
+use std::collections::VecDeque;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use serde_json::{Map, Value};
 
 use super::error::{DataError, Result, RowError};
-use super::index::{FileFormat, RawFile, RawRows};
+use super::index::{FileFormat, RawFile, RawRow, RawRows};
+use super::parquet::{DecodedGroup, ParquetFile};
 use super::presets::{detect, MapOptions, Mapped, Preset, Probe};
 use super::record::{self, FieldError, Row};
 use super::schema::Schema;
@@ -122,6 +125,91 @@ pub struct DataReader {
     kind: Kind,
     domain: Option<StageKind>,
     options: MapOptions,
+    /// Parquet row groups decoded for [`DataReader::get`] (shared by clones).
+    groups: Arc<Mutex<GroupCache>>,
+}
+
+/// Default bound of [`DataReader`]'s cache of decoded Parquet row groups, in (estimated) heap
+/// bytes of the decoded rows.
+pub const GROUP_CACHE_BYTES: usize = 64 << 20;
+
+/// Recently decoded Parquet row groups, least recently used first, within a byte budget: what
+/// reads by row number (a shuffled prompt schedule) keep between draws, so that a draw from a
+/// group decoded before costs a copy of its row, not a decode of the group.
+///
+/// When the groups drawn do not fit (the cache has evicted) and fewer than half the draws
+/// since hit it, the cache stops taking groups: a miss then decodes its group only up to the
+/// row (half a group on average, where decoding a group to keep it costs a whole one), and the
+/// groups already kept still serve their draws.
+#[derive(Debug)]
+struct GroupCache {
+    budget: usize,
+    bytes: usize,
+    /// `(file, group, rows)`.
+    groups: VecDeque<(usize, usize, Arc<DecodedGroup>)>,
+    /// Whether a group was evicted yet.
+    full: bool,
+    /// Hits and misses since the first eviction.
+    hits: u64,
+    misses: u64,
+}
+
+impl GroupCache {
+    fn new(budget: usize) -> GroupCache {
+        GroupCache {
+            budget,
+            bytes: 0,
+            groups: VecDeque::new(),
+            full: false,
+            hits: 0,
+            misses: 0,
+        }
+    }
+
+    /// Whether a group decoded for a miss should be kept: not when the cache has been full
+    /// for a while and misses more often than it hits.
+    fn takes_groups(&self) -> bool {
+        !(self.full && self.misses >= 16 && self.hits < self.misses)
+    }
+
+    /// Counts a lookup (from the first eviction on).
+    fn count(&mut self, hit: bool) {
+        if self.full {
+            if hit {
+                self.hits += 1;
+            } else {
+                self.misses += 1;
+            }
+        }
+    }
+
+    fn find(&mut self, file: usize, group: usize) -> Option<Arc<DecodedGroup>> {
+        let at = self
+            .groups
+            .iter()
+            .position(|(f, g, _)| *f == file && *g == group)?;
+        let entry = self.groups.remove(at)?;
+        let rows = entry.2.clone();
+        self.groups.push_back(entry);
+        Some(rows)
+    }
+
+    fn insert(&mut self, file: usize, group: usize, rows: Arc<DecodedGroup>) {
+        if rows.bytes > self.budget || self.find(file, group).is_some() {
+            return;
+        }
+        self.bytes += rows.bytes;
+        self.groups.push_back((file, group, rows));
+        while self.bytes > self.budget {
+            match self.groups.pop_front() {
+                Some((_, _, old)) => {
+                    self.bytes -= old.bytes;
+                    self.full = true;
+                }
+                None => break,
+            }
+        }
+    }
 }
 
 /// Rows probed for detection.
@@ -265,7 +353,46 @@ impl DataReader {
                 since: spec.since.clone(),
                 until: spec.until.clone(),
             },
+            groups: Arc::new(Mutex::new(GroupCache::new(GROUP_CACHE_BYTES))),
         })
+    }
+
+    /// Bounds the cache of decoded Parquet row groups that [`DataReader::get`] keeps to
+    /// `bytes` (estimated heap bytes of the rows; default [`GROUP_CACHE_BYTES`]); 0 keeps none.
+    /// A group larger than the bound is decoded up to the row asked for, per draw.
+    pub fn set_group_cache_bytes(&mut self, bytes: usize) {
+        self.groups = Arc::new(Mutex::new(GroupCache::new(bytes)));
+    }
+
+    /// The (estimated) heap bytes and the number of the row groups cached now.
+    pub fn cached_groups(&self) -> (usize, usize) {
+        let cache = self.groups.lock().unwrap_or_else(|e| e.into_inner());
+        (cache.bytes, cache.groups.len())
+    }
+
+    /// Row `row` of Parquet file `file` (its index), through the cache of decoded groups.
+    fn parquet_row(&self, file: usize, p: &ParquetFile, row: u64) -> Result<Option<RawRow>> {
+        let group = p.group_of(row);
+        let keep = {
+            let mut cache = self.groups.lock().unwrap_or_else(|e| e.into_inner());
+            let found = cache.find(file, group);
+            cache.count(found.is_some());
+            if let Some(rows) = found {
+                return p.row_in(&rows, row).transpose();
+            }
+            cache.takes_groups() && p.group_size(group) <= cache.budget as u64
+        };
+        if !keep {
+            // Not to be kept (too large, or the cache does not pay): decode up to the row.
+            return p.rows_from(row)?.next().transpose();
+        }
+        let rows = Arc::new(p.decode_group(group));
+        let out = p.row_in(&rows, row).transpose();
+        self.groups
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(file, group, rows);
+        out
     }
 
     /// The files, in read order.
@@ -316,11 +443,7 @@ impl DataReader {
     pub fn rows_in(&self, range: Range<u64>) -> Result<Rows<'_>> {
         let end = range.end.min(self.len());
         let start = range.start.min(end);
-        let file = self
-            .starts
-            .partition_point(|&s| s <= start)
-            .saturating_sub(1)
-            .min(self.files.len() - 1);
+        let file = self.file_of(start);
         let current = self.files[file].rows_from(start - self.starts[file])?;
         Ok(Rows {
             reader: self,
@@ -331,24 +454,38 @@ impl DataReader {
         })
     }
 
-    /// Row `index`, or an error when it is out of range or not accepted.
+    /// Row `index`, or an error when it is out of range or not accepted. The row is read
+    /// through its file's open handle: a JSONL file from the index checkpoint before it, a
+    /// Parquet file from its row group, kept decoded in a bounded cache
+    /// ([`DataReader::set_group_cache_bytes`]) so that rows drawn in any order do not decode a
+    /// group per draw.
     pub fn get(&self, index: u64) -> Result<Row> {
-        let mut rows = self.rows_in(index..index + 1)?;
-        match rows.next() {
-            Some(Ok(ReadRow {
-                outcome: Outcome::Accepted(row),
-                ..
-            })) => Ok(row),
-            Some(Ok(ReadRow {
-                outcome: Outcome::Rejected(e) | Outcome::Skipped(e),
-                ..
-            })) => Err(e.into()),
-            Some(Err(e)) => Err(e),
-            None => Err(DataError::Schema {
-                path: PathBuf::from(&self.pattern),
-                reason: format!("row {index} is out of range ({} rows)", self.len()),
-            }),
+        let out_of_range = || DataError::Schema {
+            path: PathBuf::from(&self.pattern),
+            reason: format!("row {index} is out of range ({} rows)", self.len()),
+        };
+        if index >= self.len() {
+            return Err(out_of_range());
         }
+        let file = self.file_of(index);
+        let local = index - self.starts[file];
+        let raw = match &self.files[file] {
+            RawFile::Parquet(p) => self.parquet_row(file, p, local)?,
+            f => f.get(local)?,
+        };
+        match raw.map(|raw| self.outcome(file, raw).outcome) {
+            Some(Outcome::Accepted(row)) => Ok(row),
+            Some(Outcome::Rejected(e) | Outcome::Skipped(e)) => Err(e.into()),
+            None => Err(out_of_range()),
+        }
+    }
+
+    /// The file holding global row `index` (`index < len`).
+    fn file_of(&self, index: u64) -> usize {
+        self.starts
+            .partition_point(|&s| s <= index)
+            .saturating_sub(1)
+            .min(self.files.len() - 1)
     }
 
     /// Reads every row once and counts; an error when no row is accepted (with the first

@@ -4,7 +4,7 @@
 
 use serde_json::{Map, Value};
 
-use super::{answer_text, keep, put_prompt, req, with_domain, Mapped};
+use super::{answer_text, keep, put_prompt, put_prompt_owned, req, with_domain, Mapped};
 use crate::data::record::{kind_of, FieldError, FieldResult};
 use crate::StageKind;
 
@@ -167,25 +167,48 @@ fn put_ground_truth(
 }
 
 /// veRL: `prompt` (message list), `reward_model.ground_truth`, `data_source`, `extra_info`.
-pub fn verl(row: &Map<String, Value>, domain: Option<StageKind>) -> FieldResult<Mapped> {
-    let source = row.get("data_source").and_then(Value::as_str).unwrap_or("");
-    let domain = domain.or_else(|| domain_of_source(source)).ok_or_else(|| {
-        FieldError::col(
-            "data_source",
-            format!("cannot tell the domain of data_source {source:?}; give --domain"),
-        )
-    })?;
+pub fn verl(row: Map<String, Value>, domain: Option<StageKind>) -> FieldResult<Mapped> {
+    // The row is ours: the columns used move (with their names) into the canonical object
+    // rather than being copied.
+    let (mut prompt, mut rm, mut source, mut extra) = (None, None, None, None);
+    for (k, v) in row {
+        match k.as_str() {
+            "prompt" => prompt = Some(v),
+            "reward_model" => rm = Some(v),
+            "data_source" => source = Some((k, v)),
+            "extra_info" => extra = Some((k, v)),
+            _ => {}
+        }
+    }
+    let source_text = source.as_ref().and_then(|(_, v)| v.as_str()).unwrap_or("");
+    let domain = domain
+        .or_else(|| domain_of_source(source_text))
+        .ok_or_else(|| {
+            FieldError::col(
+                "data_source",
+                format!("cannot tell the domain of data_source {source_text:?}; give --domain"),
+            )
+        })?;
     let mut out = Map::new();
-    put_prompt(&mut out, "prompt", req(row, "prompt")?)?;
+    match prompt {
+        None | Some(Value::Null) => return Err(FieldError::col("prompt", "missing")),
+        Some(prompt) => put_prompt_owned(&mut out, "prompt", prompt)?,
+    }
     if domain != StageKind::Rlhf {
-        let rm = req(row, "reward_model")?;
+        let rm = rm
+            .filter(|v| !v.is_null())
+            .ok_or_else(|| FieldError::col("reward_model", "missing"))?;
         let truth = rm
             .get("ground_truth")
             .filter(|v| !v.is_null())
             .ok_or_else(|| FieldError::col("reward_model.ground_truth", "missing"))?;
         put_ground_truth(&mut out, "reward_model.ground_truth", domain, truth)?;
     }
-    keep(&mut out, row, &["data_source", "extra_info"]);
+    for (k, v) in [source, extra].into_iter().flatten() {
+        if !v.is_null() {
+            out.insert(k, v);
+        }
+    }
     Ok(Mapped::Row(with_domain(out, domain)))
 }
 

@@ -286,8 +286,8 @@ impl Preset {
             Preset::NemotronMath | Preset::Aime | Preset::Math500 | Preset::DeepScaleR => {
                 math::problem_answer(&row)
             }
-            Preset::Verl => math::verl(&row, opts.domain),
-            Preset::DapoMath => math::verl(&row, Some(StageKind::Math)),
+            Preset::Verl => math::verl(row, opts.domain),
+            Preset::DapoMath => math::verl(row, Some(StageKind::Math)),
             Preset::OpenRlhf => math::openrlhf(&row, opts.domain),
             Preset::LiveCodeBench => code::livecodebench(&row, opts),
             Preset::Apps => code::apps(&row),
@@ -455,21 +455,26 @@ fn answer_text(row: &Map<String, Value>, col: &str) -> FieldResult<String> {
 
 /// Sets the canonical prompt from a string (`prompt`) or a message list (`messages`).
 fn put_prompt(out: &mut Map<String, Value>, col: &str, v: &Value) -> FieldResult<()> {
+    put_prompt_owned(out, col, v.clone())
+}
+
+/// [`put_prompt`] of a value the caller gives away (moved into `out`, not copied).
+fn put_prompt_owned(out: &mut Map<String, Value>, col: &str, v: Value) -> FieldResult<()> {
     match v {
         Value::String(s) if !s.trim().is_empty() => {
-            out.insert("prompt".into(), Value::String(s.clone()));
+            out.insert("prompt".into(), Value::String(s));
         }
         Value::String(_) => return Err(FieldError::col(col, "empty prompt")),
-        Value::Array(list) => {
+        Value::Array(ref list) => {
             // Already `{role, content}` strings (the usual case): kept as they are.
             let plain = list.iter().all(|m| {
                 m.get("role").is_some_and(Value::is_string)
                     && m.get("content").is_some_and(Value::is_string)
             });
             let messages = if plain {
-                v.clone()
+                v
             } else {
-                let msgs = super::record::parse_messages(col, v)?;
+                let msgs = super::record::parse_messages(col, &v)?;
                 serde_json::to_value(msgs).unwrap_or_default()
             };
             let last = messages.as_array().and_then(|l| l.last());
@@ -483,7 +488,7 @@ fn put_prompt(out: &mut Map<String, Value>, col: &str, v: &Value) -> FieldResult
                 col,
                 format!(
                     "must be a string or a message list, got {}",
-                    super::record::kind_of(other)
+                    super::record::kind_of(&other)
                 ),
             ))
         }
