@@ -62,10 +62,10 @@ pub struct StageGain {
     /// Its domain.
     pub domain: String,
     /// The previous row's score.
-    #[serde(default = "nan")]
+    #[serde(default = "nan", deserialize_with = "nan_for_null")]
     pub before: f64,
     /// This row's score.
-    #[serde(default = "nan")]
+    #[serde(default = "nan", deserialize_with = "nan_for_null")]
     pub after: f64,
     /// Mean over the prompts scored in both rows of (after − before).
     #[serde(deserialize_with = "nan_for_null")]

@@ -149,6 +149,7 @@ pub struct OtherChange {
     /// The change across seeds (`min` is the worst seed).
     pub diff: Spread,
     /// The largest drop allowed in any seed (positive; [`tolerance`] of `stage_drop`).
+    #[serde(deserialize_with = "nan_for_null")]
     pub tolerance: f64,
 }
 
@@ -166,6 +167,7 @@ pub struct Retention {
     /// `last − after_own` across seeds.
     pub change: Spread,
     /// The largest mean drop allowed (positive; [`tolerance`] of `final_drop`).
+    #[serde(deserialize_with = "nan_for_null")]
     pub tolerance: f64,
 }
 
@@ -639,7 +641,7 @@ mod tests {
             vec![run(0, t0.clone()), run(1, t1)],
             &own(),
             SeedGoals {
-                wall_s: Some(101.5),
+                wall_s: Some(100.5),
                 ..SeedGoals::default()
             },
         );
