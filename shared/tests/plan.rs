@@ -173,3 +173,49 @@ fn unknown_memory_is_not_a_fit() {
     assert_eq!(p.unknown_devices(), vec![Device::Cpu]);
     assert!(p.render().contains("--device-memory"));
 }
+
+#[test]
+fn an_rl_stage_with_sft_mix_counts_the_larger_of_its_grpo_and_sft_micro_batches() {
+    let path = Path::new(ROOT).join("configs/tiny.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let overrides = [
+        "learner.token_budget=128",
+        r#"stages.rlhf.sft_mix={dataset="data/sft.jsonl", coef=0.1, rows=16, token_budget=1024}"#,
+        r#"stages.if.sft_mix={dataset="data/sft.jsonl", coef=0.1, rows=1, token_budget=64}"#,
+    ]
+    .map(|o| o.parse().unwrap());
+    let cfg = RunConfig::parse(&text, "tiny.toml", path.parent().unwrap(), &overrides).unwrap();
+    let p = plan(
+        &cfg,
+        &tiny(),
+        &BTreeMap::new(),
+        &options(&[(Device::Cpu, 8 << 30)]),
+    );
+    let learner = |stage: &str| {
+        let s = p.stages.iter().find(|s| s.stage == stage).unwrap();
+        s.processes
+            .iter()
+            .find(|p| p.process == "learner")
+            .unwrap()
+            .clone()
+    };
+    // rlhf: 16 SFT rows of 1024 tokens outweigh 16 GRPO rows of 128.
+    let rlhf = learner("rlhf");
+    assert!(
+        rlhf.items.iter().any(|i| i.what.contains("sft_mix rows")),
+        "{}",
+        p.render()
+    );
+    // if: one SFT row of 64 tokens is smaller; the GRPO rows stay; math has no mix.
+    let (if_, math) = (learner("if"), learner("math"));
+    assert!(!if_.items.iter().any(|i| i.what.contains("sft_mix")));
+    let acts = |u: &cascade_shared::plan::ProcessUse| {
+        u.items
+            .iter()
+            .filter(|i| !i.what.contains("KL reference"))
+            .map(|i| i.bytes)
+            .sum::<u64>()
+    };
+    assert_eq!(acts(&if_), acts(&math));
+    assert!(acts(&rlhf) > acts(&if_));
+}

@@ -20,7 +20,7 @@ const SFT_SALT: u64 = 0x5f73_6674_5f6f_7264;
 const SFT_MIX_SALT: u64 = 0x6d69_785f_7366_7400;
 
 /// Token budget of a packed row when the stage sets none.
-const DEFAULT_TOKEN_BUDGET: usize = 2048;
+use cascade_shared::plan::DEFAULT_SFT_TOKEN_BUDGET as DEFAULT_TOKEN_BUDGET;
 
 impl<S: RolloutSource> Learner<'_, S> {
     /// Loads the stage's conversations and packs them into rows.

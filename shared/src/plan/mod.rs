@@ -321,7 +321,29 @@ fn learner_use(
         fused_attention: fused_attention_on(device, model, config.model.dtype),
         checkpoint_every: config.learner.activation_checkpointing,
     };
-    items.extend(mm.training_activations(rows, tokens, act));
+    let mut activations = mm.training_activations(rows, tokens, act);
+    // An RL stage's sft_mix runs its SFT micro-batches after the GRPO backward has freed the
+    // GRPO activations: the peak is the larger of the two.
+    if let Some(mix) = stage
+        .sft_mix
+        .as_ref()
+        .filter(|_| stage.kind != StageKind::Sft)
+    {
+        let mix_rows = config.learner.micro_batch.max(1).min(mix.rows);
+        let mix_tokens = mix.token_budget.unwrap_or(DEFAULT_SFT_TOKEN_BUDGET);
+        let mix_items = mm.training_activations(mix_rows, mix_tokens, act);
+        let total = |items: &[Item]| items.iter().map(|i| i.bytes).sum::<u64>();
+        if total(&mix_items) > total(&activations) {
+            activations = mix_items
+                .into_iter()
+                .map(|i| Item {
+                    what: format!("{} (sft_mix rows, larger than the GRPO rows)", i.what),
+                    bytes: i.bytes,
+                })
+                .collect();
+        }
+    }
+    items.extend(activations);
     ProcessUse {
         process: "learner".into(),
         device,
