@@ -8,6 +8,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod chat;
+pub mod collective;
 pub mod config;
 pub mod data;
 pub mod device;

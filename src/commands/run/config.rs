@@ -211,6 +211,9 @@ fn absolutize(config: &mut RunConfig) {
         if let Some(h) = &mut s.heldout {
             h.path = abs(&snapshot, &h.path);
         }
+        if let Some(mix) = &mut s.sft_mix {
+            mix.dataset.path = abs(&snapshot, &mix.dataset.path);
+        }
         if let Some(rm) = &mut s.verifier.reward_model {
             *rm = abs(&snapshot, rm);
         }
@@ -239,4 +242,39 @@ fn materialize_tiny(run_dir: &Path) -> anyhow::Result<()> {
     )
     .context("writing the tiny datasets")?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_saved_config_has_every_dataset_path_absolute() {
+        let overrides = [
+            r#"stages.rlhf.sft_mix={dataset="data/sft.jsonl", coef=0.1}"#
+                .parse()
+                .unwrap(),
+        ];
+        let mut config =
+            RunConfig::parse(TINY_TOML, "tiny", Path::new("inputs"), &overrides).unwrap();
+        absolutize(&mut config);
+        let mut paths = vec![];
+        for s in &config.stages {
+            paths.push(&s.dataset.path);
+            paths.extend(s.heldout.iter().map(|h| &h.path));
+            paths.extend(s.sft_mix.iter().map(|m| &m.dataset.path));
+        }
+        let rm = config.reward_model.as_ref().unwrap();
+        paths.push(&rm.dataset.path);
+        paths.extend(rm.heldout.iter().map(|h| &h.path));
+        assert_eq!(paths.len(), 7 + 5 + 1 + 2);
+        for p in paths {
+            assert!(p.is_absolute(), "{}", p.display());
+            assert!(
+                p.to_string_lossy().contains("inputs/data/"),
+                "{}",
+                p.display()
+            );
+        }
+    }
 }
