@@ -433,6 +433,19 @@ impl TcpGroup {
         }
     }
 
+    /// Rank 0: the sum of every rank's `mine`, added in rank order. Others: send theirs, `None`.
+    fn sum_at_root(&mut self, op: Op, mine: &[f32]) -> Result<Option<Vec<f32>>> {
+        let parts = self.gather(op, &to_bytes(mine))?;
+        if self.rank != 0 {
+            return Ok(None);
+        }
+        let mut sum = mine.to_vec();
+        for part in &parts {
+            add_into(0, op.name(), &mut sum, part)?;
+        }
+        Ok(Some(sum))
+    }
+
     fn finish(&mut self) {
         self.seq += 1;
     }
@@ -502,18 +515,18 @@ impl Collective for TcpGroup {
 
     fn all_reduce_sum(&mut self, buf: &mut [f32]) -> Result<()> {
         let op = Op::AllReduce;
-        let parts = self.gather(op, &to_bytes(buf))?;
-        if self.rank == 0 {
-            for part in &parts {
-                add_into(0, op.name(), buf, part)?;
+        match self.sum_at_root(op, buf)? {
+            Some(sum) => {
+                let bytes = to_bytes(&sum);
+                for i in 0..self.peers.len() {
+                    self.send(i, op, &bytes)?;
+                }
+                buf.copy_from_slice(&sum);
             }
-            let sum = to_bytes(buf);
-            for i in 0..self.peers.len() {
-                self.send(i, op, &sum)?;
+            None => {
+                let sum = self.recv(0, op)?;
+                from_bytes(self.rank, op.name(), &sum, buf)?;
             }
-        } else {
-            let sum = self.recv(0, op)?;
-            from_bytes(self.rank, op.name(), &sum, buf)?;
         }
         self.finish();
         Ok(())
@@ -523,20 +536,18 @@ impl Collective for TcpGroup {
         let op = Op::ReduceScatter;
         let mine = shard_range(input.len(), self.rank, self.world);
         check_len(self.rank, op.name(), out.len(), mine.len())?;
-        let parts = self.gather(op, &to_bytes(input))?;
-        if self.rank == 0 {
-            let mut sum = input.to_vec();
-            for part in &parts {
-                add_into(0, op.name(), &mut sum, part)?;
+        match self.sum_at_root(op, input)? {
+            Some(sum) => {
+                for i in 0..self.peers.len() {
+                    let r = shard_range(sum.len(), i + 1, self.world);
+                    self.send(i, op, &to_bytes(&sum[r]))?;
+                }
+                out.copy_from_slice(&sum[mine]);
             }
-            for i in 0..self.peers.len() {
-                let r = shard_range(sum.len(), i + 1, self.world);
-                self.send(i, op, &to_bytes(&sum[r]))?;
+            None => {
+                let shard = self.recv(0, op)?;
+                from_bytes(self.rank, op.name(), &shard, out)?;
             }
-            out.copy_from_slice(&sum[mine]);
-        } else {
-            let shard = self.recv(0, op)?;
-            from_bytes(self.rank, op.name(), &shard, out)?;
         }
         self.finish();
         Ok(())
