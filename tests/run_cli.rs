@@ -189,15 +189,32 @@ fn a_short_cascade_runs_every_stage_and_writes_snapshots_metrics_and_report() {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = inputs(tmp.path(), 2, 1);
     let run_dir = tmp.path().join("run");
+    // The rlhf stage mixes in SFT rows (its rewards are continuous: every step has signal);
+    // the dataset path is relative to the config's directory, not the run directory.
     let out = cascade()
         .args(["run", "--config"])
         .arg(&cfg)
         .arg("--run-dir")
         .arg(&run_dir)
+        .args([
+            "--set",
+            r#"stages.rlhf.sft_mix={dataset="data/sft.jsonl", coef=0.5, rows=1}"#,
+        ])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", show(&out));
     let ev = events(&run_dir);
+    for e in ev.iter().filter(|e| e["event"] == "learner_step") {
+        let mixed = e["sft_mix_loss"].as_f64();
+        if e["stage"] == "rlhf" && e["no_signal"] == false {
+            assert!(mixed.is_some_and(|l| l > 0.0), "{e}");
+        } else if e["stage"] != "rlhf" {
+            assert!(mixed.is_none(), "{e}");
+        }
+    }
+    assert!(ev.iter().any(|e| e["event"] == "learner_step"
+        && e["stage"] == "rlhf"
+        && e["sft_mix_loss"].as_f64().is_some()));
     let stage_ends: Vec<&str> = ev
         .iter()
         .filter(|e| e["event"] == "stage_end")

@@ -52,7 +52,10 @@ fn committed_configs_parse_and_validate() {
     assert_eq!(math.max_response_tokens_at(17, 1), 24);
     assert_eq!(math.max_response_tokens_at(18, 1), 32);
     assert!(
-        tiny.stages.iter().filter(|s| s.is_rl()).all(|s| s.sft_mix.is_some()),
+        tiny.stages
+            .iter()
+            .filter(|s| s.is_rl())
+            .all(|s| s.sft_mix.is_some()),
         "every RL stage of the tiny default mixes in SFT rows (issue 19)"
     );
     assert_eq!(

@@ -250,13 +250,8 @@ mod tests {
 
     #[test]
     fn the_saved_config_has_every_dataset_path_absolute() {
-        let overrides = [
-            r#"stages.rlhf.sft_mix={dataset="data/sft.jsonl", coef=0.1}"#
-                .parse()
-                .unwrap(),
-        ];
-        let mut config =
-            RunConfig::parse(TINY_TOML, "tiny", Path::new("inputs"), &overrides).unwrap();
+        // The tiny default names every kind of dataset entry, sft_mix included.
+        let mut config = RunConfig::parse(TINY_TOML, "tiny", Path::new("inputs"), &[]).unwrap();
         absolutize(&mut config);
         let mut paths = vec![];
         for s in &config.stages {
@@ -267,7 +262,8 @@ mod tests {
         let rm = config.reward_model.as_ref().unwrap();
         paths.push(&rm.dataset.path);
         paths.extend(rm.heldout.iter().map(|h| &h.path));
-        assert_eq!(paths.len(), 7 + 5 + 1 + 2);
+        // 7 stage datasets, 5 held-out sets and 5 sft_mix datasets, the reward model's 2.
+        assert_eq!(paths.len(), 7 + 5 + 5 + 2);
         for p in paths {
             assert!(p.is_absolute(), "{}", p.display());
             assert!(
