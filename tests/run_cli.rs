@@ -116,6 +116,16 @@ fn events(run_dir: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// The `after_stage` of every row of a held-out table (`heldout.json` or `seeds.json`).
+fn after_stages(table: &Value) -> Vec<&str> {
+    table["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["after_stage"].as_str().unwrap())
+        .collect()
+}
+
 fn show(out: &Output) -> String {
     format!(
         "status {:?}\nstdout:\n{}\nstderr:\n{}",
@@ -247,13 +257,10 @@ fn a_short_cascade_runs_every_stage_and_writes_snapshots_metrics_and_report() {
         heldout["domains"],
         serde_json::json!(["rlhf", "if", "math", "code", "swe"])
     );
-    let rows: Vec<&str> = heldout["rows"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["after_stage"].as_str().unwrap())
-        .collect();
-    assert_eq!(rows, ["sft", "rlhf", "if", "math", "code", "swe"]);
+    assert_eq!(
+        after_stages(&heldout),
+        ["sft", "rlhf", "if", "math", "code", "swe"]
+    );
     // Each RL stage's paired change on its own domain, over the prompts of both rows.
     let gains: Vec<(&str, &str)> = heldout["gains"]
         .as_array()
@@ -595,13 +602,10 @@ fn seeds_runs_each_seed_summarises_across_them_and_continues_when_run_again() {
         .map(|r| r["seed"].as_u64().unwrap())
         .collect();
     assert_eq!(seeds, [7, 8]);
-    let rows: Vec<&str> = s["rows"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["after_stage"].as_str().unwrap())
-        .collect();
-    assert_eq!(rows, ["sft", "rlhf", "if", "math", "code", "swe"]);
+    assert_eq!(
+        after_stages(&s),
+        ["sft", "rlhf", "if", "math", "code", "swe"]
+    );
     // Every cell is the mean of the two seeds' tables.
     let t: Vec<Value> = [7, 8]
         .iter()

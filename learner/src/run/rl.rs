@@ -89,19 +89,19 @@ impl<S: RolloutSource> Learner<'_, S> {
             let mix_stats = match (&mut sft_mix, step.no_signal) {
                 (Some((mix, rows)), false) => {
                     let start = self.state.stage_step as usize * mix.rows;
-                    Some(accumulate_scaled_sft_gradients(
+                    let stats = accumulate_scaled_sft_gradients(
                         &self.policy.model,
                         &rows.rows(start, mix.rows),
                         config.learner.micro_batch,
                         &mut self.optimizer,
                         &self.opts.device,
                         mix.coef,
-                    )?)
+                    )?;
+                    Some((mix.coef, stats))
                 }
                 _ => None,
             };
-            let mix_coef = stage.sft_mix.as_ref().map_or(0.0, |m| m.coef);
-            let loss = stats.loss + mix_stats.map_or(0.0, |m| mix_coef * m.loss);
+            let loss = stats.loss + mix_stats.map_or(0.0, |(coef, m)| coef * m.loss);
             let lr = schedule_lr.lr(self.state.stage_step);
             let outcome = if step.no_signal {
                 self.optimizer.zero_grad();
@@ -151,7 +151,7 @@ impl<S: RolloutSource> Learner<'_, S> {
                 step: Some(self.state.step),
                 policy_version: Some(self.state.policy_version),
                 loss: Some(stats.loss),
-                sft_mix_loss: mix_stats.map(|m| m.loss),
+                sft_mix_loss: mix_stats.map(|(_, m)| m.loss),
                 grad_norm,
                 lr: Some(lr),
                 train_tokens: Some(batch.total_tokens() as u64),

@@ -5,6 +5,7 @@ use std::time::Instant;
 use cascade_shared::config::{DatasetEntry, SftMix, StageConfig};
 use cascade_shared::data::Kind;
 use cascade_shared::metrics::{SftStep, StepMemory};
+use cascade_shared::plan::DEFAULT_SFT_TOKEN_BUDGET;
 use cascade_shared::transport::RolloutSource;
 
 use super::settings::lr_schedule;
@@ -19,13 +20,10 @@ const SFT_SALT: u64 = 0x5f73_6674_5f6f_7264;
 /// Salt of the packing order of an RL stage's `sft_mix` rows.
 const SFT_MIX_SALT: u64 = 0x6d69_785f_7366_7400;
 
-/// Token budget of a packed row when the stage sets none.
-use cascade_shared::plan::DEFAULT_SFT_TOKEN_BUDGET as DEFAULT_TOKEN_BUDGET;
-
 impl<S: RolloutSource> Learner<'_, S> {
     /// Loads the stage's conversations and packs them into rows.
     pub(super) fn sft_schedule(&self, index: usize, stage: &StageConfig) -> Result<SftSchedule> {
-        let budget = stage.token_budget.unwrap_or(DEFAULT_TOKEN_BUDGET);
+        let budget = stage.token_budget.unwrap_or(DEFAULT_SFT_TOKEN_BUDGET);
         self.conversations(&stage.name, &stage.dataset, budget, SFT_SALT ^ index as u64)
     }
 
@@ -36,7 +34,7 @@ impl<S: RolloutSource> Learner<'_, S> {
         stage: &StageConfig,
         mix: &SftMix,
     ) -> Result<SftSchedule> {
-        let budget = mix.token_budget.unwrap_or(DEFAULT_TOKEN_BUDGET);
+        let budget = mix.token_budget.unwrap_or(DEFAULT_SFT_TOKEN_BUDGET);
         self.conversations(
             &stage.name,
             &mix.dataset,

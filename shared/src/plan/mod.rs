@@ -322,13 +322,9 @@ fn learner_use(
         checkpoint_every: config.learner.activation_checkpointing,
     };
     let mut activations = mm.training_activations(rows, tokens, act);
-    // An RL stage's sft_mix runs its SFT micro-batches after the GRPO backward has freed the
-    // GRPO activations: the peak is the larger of the two.
-    if let Some(mix) = stage
-        .sft_mix
-        .as_ref()
-        .filter(|_| stage.kind != StageKind::Sft)
-    {
+    // An RL stage's sft_mix (validated: RL stages only) runs its SFT micro-batches after the
+    // GRPO backward has freed the GRPO activations: the peak is the larger of the two.
+    if let Some(mix) = &stage.sft_mix {
         let mix_rows = config.learner.micro_batch.max(1).min(mix.rows);
         let mix_tokens = mix.token_budget.unwrap_or(DEFAULT_SFT_TOKEN_BUDGET);
         let mix_items = mm.training_activations(mix_rows, mix_tokens, act);
