@@ -86,7 +86,7 @@ fn main() -> anyhow::Result<()> {
                 1,
                 &SnapshotInput {
                     model: &model,
-                    optimizer: &opt,
+                    optimizer: Some(&opt),
                     state: &state,
                     config_json: b"{}",
                     tokenizer_json: b"{}",

@@ -105,6 +105,9 @@ pub enum LearnerError {
     /// The optimizer state does not match the parameters it is loaded for.
     #[error("optimizer state does not match the model: {0}")]
     OptimizerMismatch(String),
+    /// A collective of the learner group failed (a rank died, timed out or disagreed).
+    #[error("learner group: {0}")]
+    Collective(#[from] cascade_shared::collective::CollectiveError),
 }
 
 impl LearnerError {

@@ -25,6 +25,7 @@ pub mod schedule;
 pub mod sft;
 pub mod snapshot;
 pub mod train_step;
+pub mod zero;
 
 pub use batch::{BatchConfig, GrpoBatch, LossNormaliser, MicroBatch};
 pub use error::{LearnerError, Result};

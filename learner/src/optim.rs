@@ -360,32 +360,138 @@ impl AdamW {
                 tensors.push((format!("master.{}", p.name), m.clone()));
             }
         }
-        let meta = BTreeMap::from([
-            ("format".to_string(), OPTIMIZER_FORMAT.to_string()),
-            ("step".to_string(), self.step.to_string()),
-            (
-                "consecutive_skips".to_string(),
-                self.consecutive_skips.to_string(),
-            ),
-            ("skipped_total".to_string(), self.skipped_total.to_string()),
-            (
-                "param_steps".to_string(),
-                serde_json::to_string(
-                    &self
-                        .params
-                        .iter()
-                        .map(|p| (p.name.as_str(), p.steps))
-                        .collect::<BTreeMap<_, _>>(),
-                )
-                .map_err(|e| LearnerError::json(path, e))?,
-            ),
-        ]);
-        Ok(write_safetensors(path, &tensors, &meta)?)
+        let image = OptimizerImage {
+            tensors,
+            counters: self.counters(),
+            param_steps: self
+                .params
+                .iter()
+                .map(|p| (p.name.clone(), p.steps))
+                .collect(),
+        };
+        image.save(path)
+    }
+
+    fn counters(&self) -> Counters {
+        Counters {
+            step: self.step,
+            consecutive_skips: self.consecutive_skips,
+            skipped_total: self.skipped_total,
+        }
     }
 
     /// Restores moments, master weights and counters written by [`AdamW::save`] for the same
     /// parameter set. Call after the model weights are loaded into the `Var`s.
     pub fn load(&mut self, path: &Path) -> Result<()> {
+        let device = self
+            .params
+            .first()
+            .map(|p| p.var.device().clone())
+            .unwrap_or(Device::Cpu);
+        let mut file = OptimizerFile::read(path, &device)?;
+        let mut restored = Vec::with_capacity(self.params.len());
+        for p in &self.params {
+            let exp_avg = file.take(&format!("exp_avg.{}", p.name), p.var.dims())?;
+            let exp_avg_sq = file.take(&format!("exp_avg_sq.{}", p.name), p.var.dims())?;
+            let master = match p.master {
+                Some(_) => Some(file.take(&format!("master.{}", p.name), p.var.dims())?),
+                None => None,
+            };
+            restored.push((exp_avg, exp_avg_sq, master, file.param_steps(&p.name)?));
+        }
+        file.finish()?;
+        for (p, (exp_avg, exp_avg_sq, master, steps)) in self.params.iter_mut().zip(restored) {
+            p.steps = steps;
+            p.exp_avg = exp_avg;
+            p.exp_avg_sq = exp_avg_sq;
+            if let Some(m) = master {
+                p.var.set(&m.to_dtype(p.var.dtype())?)?;
+                p.master = Some(m);
+            }
+            p.grad = None;
+        }
+        self.step = file.counters.step;
+        self.consecutive_skips = file.counters.consecutive_skips;
+        self.skipped_total = file.counters.skipped_total;
+        Ok(())
+    }
+}
+
+impl GradientSink for AdamW {
+    fn accumulate(&mut self, grads: &GradStore) -> Result<()> {
+        AdamW::accumulate(self, grads)
+    }
+}
+
+impl OptimizerState for AdamW {
+    fn save(&self, path: &Path) -> Result<FileDigest> {
+        AdamW::save(self, path)
+    }
+}
+
+/// Where the gradients of a backward pass go: summed into an optimizer's accumulator.
+pub trait GradientSink {
+    /// Adds one micro-batch's gradients to the running sum.
+    fn accumulate(&mut self, grads: &GradStore) -> Result<()>;
+}
+
+/// Something that writes `optimizer.safetensors` (an optimizer, or the gathered state of a
+/// sharded one).
+pub trait OptimizerState {
+    /// Writes the file and returns its digest.
+    fn save(&self, path: &Path) -> Result<FileDigest>;
+}
+
+/// The step counters of an optimizer, as saved.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Counters {
+    pub(crate) step: u64,
+    pub(crate) consecutive_skips: u32,
+    pub(crate) skipped_total: u64,
+}
+
+/// The contents of `optimizer.safetensors`, ready to write: `exp_avg.NAME`, `exp_avg_sq.NAME`,
+/// `master.NAME` (non-f32 parameters only), the counters and the per-parameter step counts.
+pub(crate) struct OptimizerImage {
+    pub(crate) tensors: Vec<(String, Tensor)>,
+    pub(crate) counters: Counters,
+    pub(crate) param_steps: BTreeMap<String, u64>,
+}
+
+impl OptimizerState for OptimizerImage {
+    fn save(&self, path: &Path) -> Result<FileDigest> {
+        let meta = BTreeMap::from([
+            ("format".to_string(), OPTIMIZER_FORMAT.to_string()),
+            ("step".to_string(), self.counters.step.to_string()),
+            (
+                "consecutive_skips".to_string(),
+                self.counters.consecutive_skips.to_string(),
+            ),
+            (
+                "skipped_total".to_string(),
+                self.counters.skipped_total.to_string(),
+            ),
+            (
+                "param_steps".to_string(),
+                serde_json::to_string(&self.param_steps)
+                    .map_err(|e| LearnerError::json(path, e))?,
+            ),
+        ]);
+        Ok(write_safetensors(path, &self.tensors, &meta)?)
+    }
+}
+
+/// `optimizer.safetensors` read back: its tensors are taken one by one, and whatever is left
+/// at the end belongs to no parameter (an error).
+pub(crate) struct OptimizerFile {
+    path: std::path::PathBuf,
+    tensors: BTreeMap<String, Tensor>,
+    param_steps: BTreeMap<String, u64>,
+    pub(crate) counters: Counters,
+}
+
+impl OptimizerFile {
+    pub(crate) fn read(path: &Path, device: &Device) -> Result<Self> {
         let meta = read_safetensors_metadata(path)?;
         let bad = |reason: String| LearnerError::Safetensors {
             path: path.to_path_buf(),
@@ -402,67 +508,58 @@ impl AdamW {
                 .and_then(|v| v.parse().ok())
                 .ok_or_else(|| bad(format!("metadata {key} missing or not a number")))
         };
-        let (step, consecutive, skipped) = (
-            num("step")?,
-            num("consecutive_skips")?,
-            num("skipped_total")?,
-        );
+        let counters = Counters {
+            step: num("step")?,
+            consecutive_skips: num("consecutive_skips")? as u32,
+            skipped_total: num("skipped_total")?,
+        };
         let param_steps: BTreeMap<String, u64> = meta
             .get("param_steps")
             .and_then(|v| serde_json::from_str(v).ok())
             .ok_or_else(|| bad("metadata param_steps missing or malformed".into()))?;
-        let device = self
-            .params
-            .first()
-            .map(|p| p.var.device().clone())
-            .unwrap_or(Device::Cpu);
-        let mut tensors = read_safetensors(path, &device)?;
-        let mut take = |key: String, like: &Var| -> Result<Tensor> {
-            let t = tensors
-                .remove(&key)
-                .ok_or_else(|| LearnerError::OptimizerMismatch(format!("{key} missing")))?;
-            if t.dims() != like.dims() || t.dtype() != DType::F32 {
-                return Err(LearnerError::OptimizerMismatch(format!(
-                    "{key}: {:?} {:?}, parameter is {:?}",
-                    t.dtype(),
-                    t.dims(),
-                    like.dims()
-                )));
-            }
-            Ok(t)
-        };
-        let mut restored = Vec::with_capacity(self.params.len());
-        for p in &self.params {
-            let exp_avg = take(format!("exp_avg.{}", p.name), &p.var)?;
-            let exp_avg_sq = take(format!("exp_avg_sq.{}", p.name), &p.var)?;
-            let master = match p.master {
-                Some(_) => Some(take(format!("master.{}", p.name), &p.var)?),
-                None => None,
-            };
-            let steps = *param_steps.get(&p.name).ok_or_else(|| {
-                LearnerError::OptimizerMismatch(format!("no step count for {}", p.name))
-            })?;
-            restored.push((exp_avg, exp_avg_sq, master, steps));
-        }
-        if let Some(extra) = tensors.keys().next() {
+        Ok(OptimizerFile {
+            path: path.to_path_buf(),
+            tensors: read_safetensors(path, device)?,
+            param_steps,
+            counters,
+        })
+    }
+
+    /// The f32 tensor `key`, which must have `dims`.
+    pub(crate) fn take(&mut self, key: &str, dims: &[usize]) -> Result<Tensor> {
+        let t = self.tensors.remove(key).ok_or_else(|| {
+            LearnerError::OptimizerMismatch(format!("{}: {key} missing", self.path.display()))
+        })?;
+        if t.dims() != dims || t.dtype() != DType::F32 {
             return Err(LearnerError::OptimizerMismatch(format!(
-                "{extra} has no parameter in the model"
+                "{}: {key} is {:?} {:?}, the parameter is {dims:?}",
+                self.path.display(),
+                t.dtype(),
+                t.dims(),
             )));
         }
-        for (p, (exp_avg, exp_avg_sq, master, steps)) in self.params.iter_mut().zip(restored) {
-            p.steps = steps;
-            p.exp_avg = exp_avg;
-            p.exp_avg_sq = exp_avg_sq;
-            if let Some(m) = master {
-                p.var.set(&m.to_dtype(p.var.dtype())?)?;
-                p.master = Some(m);
-            }
-            p.grad = None;
+        Ok(t)
+    }
+
+    /// The update count of parameter `name`.
+    pub(crate) fn param_steps(&self, name: &str) -> Result<u64> {
+        self.param_steps.get(name).copied().ok_or_else(|| {
+            LearnerError::OptimizerMismatch(format!(
+                "{}: no step count for {name}",
+                self.path.display()
+            ))
+        })
+    }
+
+    /// Refuses tensors that no parameter took.
+    pub(crate) fn finish(&self) -> Result<()> {
+        match self.tensors.keys().min() {
+            Some(extra) => Err(LearnerError::OptimizerMismatch(format!(
+                "{}: {extra} has no parameter in the model",
+                self.path.display()
+            ))),
+            None => Ok(()),
         }
-        self.step = step;
-        self.consecutive_skips = consecutive as u32;
-        self.skipped_total = skipped;
-        Ok(())
     }
 }
 

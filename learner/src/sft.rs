@@ -19,10 +19,12 @@
 //! number of trained tokens of the whole step (token-level, as in the RL stages), accumulated
 //! micro-batch by micro-batch so memory follows `micro_batch`.
 
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use candle_core::{Device, Tensor};
 use cascade_shared::chat::Chat;
+use cascade_shared::collective::shard_range;
 use cascade_shared::data::record::FieldError;
 use cascade_shared::data::{scan, DataReader, DataSpec, Kind, Row};
 use cascade_shared::model::CausalLm;
@@ -30,7 +32,7 @@ use cascade_shared::Mode;
 use rand::seq::SliceRandom;
 
 use crate::error::{LearnerError, Result};
-use crate::optim::AdamW;
+use crate::optim::GradientSink;
 use cascade_shared::rng::seeded;
 
 /// One tokenized conversation.
@@ -252,10 +254,17 @@ pub fn accumulate_sft_gradients(
     model: &CausalLm,
     rows: &[PackedRow],
     micro_batch: usize,
-    optimizer: &mut AdamW,
+    optimizer: &mut dyn GradientSink,
     device: &Device,
 ) -> Result<SftStats> {
     accumulate_scaled_sft_gradients(model, rows, micro_batch, optimizer, device, 1.0)
+}
+
+/// The micro-batches (chunks of `micro_batch` rows) of an SFT step over `n_rows` rows that rank
+/// `rank` of `world` runs: contiguous, whole micro-batches, as a single process would cut them.
+pub fn sft_part(n_rows: usize, micro_batch: usize, rank: usize, world: usize) -> Range<usize> {
+    let chunks = n_rows.div_ceil(micro_batch.max(1));
+    shard_range(chunks, rank, world)
 }
 
 /// [`accumulate_sft_gradients`] with the loss weighted by `scale` (an RL stage's `sft_mix`
@@ -265,7 +274,31 @@ pub fn accumulate_scaled_sft_gradients(
     model: &CausalLm,
     rows: &[PackedRow],
     micro_batch: usize,
-    optimizer: &mut AdamW,
+    optimizer: &mut dyn GradientSink,
+    device: &Device,
+    scale: f64,
+) -> Result<SftStats> {
+    let chunks = rows.len().div_ceil(micro_batch.max(1));
+    accumulate_sft_gradients_part(
+        model,
+        rows,
+        micro_batch,
+        0..chunks,
+        optimizer,
+        device,
+        scale,
+    )
+}
+
+/// [`accumulate_scaled_sft_gradients`] over the micro-batches `part` (chunks of `micro_batch`
+/// rows, see [`sft_part`]) only: one rank's share of a step. The loss keeps the trained tokens
+/// of all `rows` as its denominator, so the parts' gradients and losses sum to the step's.
+pub fn accumulate_sft_gradients_part(
+    model: &CausalLm,
+    rows: &[PackedRow],
+    micro_batch: usize,
+    part: Range<usize>,
+    optimizer: &mut dyn GradientSink,
     device: &Device,
     scale: f64,
 ) -> Result<SftStats> {
@@ -279,7 +312,11 @@ pub fn accumulate_scaled_sft_gradients(
     check_context(model, rows)?;
     let norm = trained as f64;
     let mut loss_sum = 0.0;
-    for chunk in rows.chunks(micro_batch.max(1)) {
+    for chunk in rows
+        .chunks(micro_batch.max(1))
+        .skip(part.start)
+        .take(part.len())
+    {
         let width = chunk.iter().map(|r| r.ids.len()).max().unwrap_or(0);
         let n = chunk.len();
         let mut ids = vec![0u32; n * width];

@@ -3,7 +3,8 @@
 //! clean-up and retention. The learner is the single writer of `snapshots/`.
 //!
 //! Publishing ([`publish`]) writes everything into `vNNNNNN.tmp/`, fsyncing each file as it is
-//! closed: `model.safetensors`, `optimizer.safetensors`, `state.json`, `config.json`,
+//! closed: `model.safetensors`, `optimizer.safetensors` (left out at a stage's step 0, where the
+//! next step starts a fresh optimizer), `state.json`, `config.json`,
 //! `tokenizer.json`, then `manifest.json` (size and CRC-32C of each of those files), then the
 //! completion marker `COMPLETE` (the CRC-32C of `manifest.json`). The directory is fsynced,
 //! renamed to `vNNNNNN/`, the parent fsynced, and `LATEST` (the version in decimal) is replaced
@@ -32,14 +33,15 @@ use cascade_shared::snapshot::{
 };
 
 use crate::error::{LearnerError, Result};
-use crate::optim::AdamW;
+use crate::optim::OptimizerState;
 
 /// What goes into a snapshot.
 pub struct SnapshotInput<'a> {
     /// Weights, named as in the HF checkpoint (any device and dtype).
     pub model: &'a [(String, Tensor)],
-    /// The optimizer (its moments and counters are saved).
-    pub optimizer: &'a AdamW,
+    /// The optimizer state (moments and counters) to save, or `None` for a weights-only
+    /// snapshot (allowed where the stage step is 0: a stage starts with a fresh optimizer).
+    pub optimizer: Option<&'a dyn OptimizerState>,
     /// Learner state.
     pub state: &'a LearnerState,
     /// The HF `config.json` bytes.
@@ -79,8 +81,15 @@ pub fn publish(snapshots_dir: &Path, version: u64, input: &SnapshotInput) -> Res
     let mut files = BTreeMap::new();
     let digest = write_safetensors(&dir.path(MODEL_FILE), input.model, &BTreeMap::new())?;
     files.insert(MODEL_FILE.to_string(), digest.into());
-    let digest = input.optimizer.save(&dir.path(OPTIMIZER_FILE))?;
-    files.insert(OPTIMIZER_FILE.to_string(), digest.into());
+    if let Some(optimizer) = input.optimizer {
+        let digest = optimizer.save(&dir.path(OPTIMIZER_FILE))?;
+        files.insert(OPTIMIZER_FILE.to_string(), digest.into());
+    } else if input.state.stage_step > 0 {
+        return Err(LearnerError::InvalidSnapshotInput(format!(
+            "snapshot v{version} is at stage step {} and needs the optimizer state",
+            input.state.stage_step
+        )));
+    }
     let state_json = serde_json::to_vec_pretty(input.state)
         .map_err(|e| SnapshotError::json(dir.path(STATE_FILE), e))?;
     for (file, bytes) in [

@@ -1,11 +1,13 @@
 //! One GRPO gradient computation over a batch, micro-batch by micro-batch.
 
+use std::ops::Range;
+
 use candle_core::Device;
 
 use crate::batch::GrpoBatch;
 use crate::error::{LearnerError, Result};
 use crate::grpo::{grpo_loss, GrpoConfig, GrpoStats};
-use crate::optim::AdamW;
+use crate::optim::GradientSink;
 use crate::policy::PolicyModel;
 
 /// Runs forward + backward on each micro-batch of at most `micro_batch` training rows and adds
@@ -22,7 +24,39 @@ pub fn accumulate_grpo_gradients<P, R>(
     batch: &GrpoBatch,
     micro_batch: usize,
     cfg: &GrpoConfig,
-    optimizer: &mut AdamW,
+    optimizer: &mut dyn GradientSink,
+    device: &Device,
+) -> Result<GrpoStats>
+where
+    P: PolicyModel + ?Sized,
+    R: PolicyModel + ?Sized,
+{
+    let all = batch.micro_batch_ranges(micro_batch);
+    accumulate_grpo_gradients_part(
+        policy,
+        reference,
+        batch,
+        micro_batch,
+        0..all.len(),
+        cfg,
+        optimizer,
+        device,
+    )
+}
+
+/// [`accumulate_grpo_gradients`] over the micro-batches `part` of the batch's
+/// [`GrpoBatch::micro_batch_ranges`] only: one rank's share of a step in a learner group. The
+/// losses keep the full batch's denominator, so the gradients of all parts sum to the batch
+/// gradient, and each micro-batch is the one a single process would run.
+#[allow(clippy::too_many_arguments)]
+pub fn accumulate_grpo_gradients_part<P, R>(
+    policy: &P,
+    reference: Option<&R>,
+    batch: &GrpoBatch,
+    micro_batch: usize,
+    part: Range<usize>,
+    cfg: &GrpoConfig,
+    optimizer: &mut dyn GradientSink,
     device: &Device,
 ) -> Result<GrpoStats>
 where
@@ -35,7 +69,14 @@ where
         ));
     }
     let mut total = GrpoStats::default();
-    for range in batch.micro_batch_ranges(micro_batch) {
+    let ranges = batch.micro_batch_ranges(micro_batch);
+    let mine = ranges.get(part.clone()).ok_or_else(|| {
+        LearnerError::InvalidCall(format!(
+            "micro-batches {part:?} of a batch of {}",
+            ranges.len()
+        ))
+    })?;
+    for range in mine.iter().cloned() {
         let mb = batch.micro_batch(range, device)?;
         let logprobs =
             policy.token_logprobs_at(&mb.input_ids, &mb.attention_mask, &mb.temperatures)?;

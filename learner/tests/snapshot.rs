@@ -60,7 +60,7 @@ fn publish_version(
         v,
         &SnapshotInput {
             model: &model,
-            optimizer: opt,
+            optimizer: Some(opt),
             state: &state(v),
             config_json: br#"{"model_type": "stand_in"}"#,
             tokenizer_json: b"{}",

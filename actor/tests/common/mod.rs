@@ -69,7 +69,7 @@ pub fn publish_tiny(
         version,
         &SnapshotInput {
             model: &model,
-            optimizer: &opt,
+            optimizer: Some(&opt),
             state: &state,
             config_json: &config_json,
             tokenizer_json: &tokenizer_json,

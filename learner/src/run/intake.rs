@@ -13,6 +13,9 @@ use super::Learner;
 use crate::error::Result;
 use crate::filter::{DropReason, GroupFilter};
 
+/// How often rank 0 of a group, waiting for rollouts, tells the other ranks it is alive.
+const HEARTBEAT: Duration = Duration::from_secs(1);
+
 /// The groups of one optimizer step.
 #[derive(Debug, Default)]
 pub(super) struct StepBatch {
@@ -42,12 +45,27 @@ impl<S: RolloutSource> Learner<'_, S> {
             // About to wait: let the actors past what is decided (dropped groups and the
             // partial batch), or a batch that needs more groups than `max_inflight` would
             // never fill.
+            let source = self
+                .source
+                .as_mut()
+                .expect("only rank 0 reads the rollout source");
             if self.consumed != self.progressed {
-                self.source.report_progress(&self.consumed)?;
+                source.report_progress(&self.consumed)?;
                 self.progressed = self.consumed.clone();
             }
             let t0 = Instant::now();
-            let got = match self.source.recv(Duration::from_millis(200)) {
+            let received = source.recv(Duration::from_millis(200));
+            let gaps = source.take_gaps();
+            // The other ranks of a group wait in a collective: a heartbeat tells them rank 0 is
+            // alive and waiting for rollouts (their timeout then only catches a silent rank 0).
+            if self.group.world_size() > 1 && self.heartbeat.elapsed() >= HEARTBEAT {
+                super::group::broadcast_command(
+                    self.group.as_mut(),
+                    Some(&super::group::Command::Wait),
+                )?;
+                self.heartbeat = Instant::now();
+            }
+            let got = match received {
                 Ok(g) => g,
                 Err(e @ TransportError::Decode { .. }) => {
                     tracing::warn!("replay record skipped: {e}");
@@ -58,7 +76,7 @@ impl<S: RolloutSource> Learner<'_, S> {
                 }
                 Err(e) => return Err(e.into()),
             };
-            for gap in self.source.take_gaps() {
+            for gap in gaps {
                 self.metrics.record(&ReplaySkip {
                     actor: Some(gap.actor),
                     from_seq: Some(gap.from_seq),

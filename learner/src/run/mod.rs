@@ -24,6 +24,10 @@
 //!
 //! SIGTERM/SIGINT (the `stop` flag) publishes a snapshot of the last completed step and returns.
 //!
+//! Several processes can form one learner ([`run_learner_in_group`], [`group`]): rank 0 leads
+//! (replay, decisions, metrics, snapshots), every rank trains its share of each step, and the
+//! optimizer state is sharded over the ranks.
+//!
 //! The pieces: [`start`] (fresh or resumed), [`settings`] (a stage's config translated into
 //! the learner's settings), [`intake`] (groups in, one step's batch out), [`sft`] and [`rl`]
 //! (one stage each), [`publish`] (snapshots and the replay position they cover).
@@ -36,14 +40,16 @@ use std::time::Instant;
 
 use candle_core::Device;
 use cascade_shared::chat::Chat;
+use cascade_shared::collective::{Collective, Single};
 use cascade_shared::config::{RunConfig, StageConfig};
 use cascade_shared::metrics::{self as events, MetricsLog, METRICS_FILE};
 use cascade_shared::snapshot::LearnerState;
 use cascade_shared::transport::{ReceivedGroup, RolloutSource};
 
 use crate::error::{LearnerError, Result};
-use crate::optim::{AdamW, StepOutcome};
+use crate::optim::StepOutcome;
 
+mod group;
 mod intake;
 mod publish;
 mod rl;
@@ -51,6 +57,7 @@ mod settings;
 mod sft;
 mod start;
 
+use group::TrainOptimizer;
 use start::{Policy, TokenizerFiles};
 
 /// Everything a learner run needs.
@@ -101,8 +108,11 @@ struct Learner<'a, S: RolloutSource> {
     tokenizer: TokenizerFiles,
     chat: Chat,
     state: LearnerState,
-    optimizer: AdamW,
-    source: S,
+    optimizer: TrainOptimizer,
+    /// The rollout source; rank 0 only (the other ranks get each step's groups from it).
+    source: Option<S>,
+    /// The learner group ([`Single`] for one process).
+    group: Box<dyn Collective>,
     /// Groups received but not yet decided.
     queue: VecDeque<ReceivedGroup<S::Mark>>,
     /// Source position covering every decided group.
@@ -115,15 +125,33 @@ struct Learner<'a, S: RolloutSource> {
     steps_here: u64,
     idle_s: f64,
     stop: Arc<AtomicBool>,
+    /// When rank 0 last told the group it is waiting ([`intake`]).
+    heartbeat: Instant,
 }
 
 /// Runs the learner until every stage is done, or the stop flag / `max_steps` stops it.
 pub fn run_learner(opts: &LearnerOptions, stop: Arc<AtomicBool>) -> Result<LearnerSummary> {
+    run_learner_in_group(opts, stop, Box::new(Single))
+}
+
+/// [`run_learner`] as one rank of a learner group (every rank calls it with the same config
+/// and run directory). Rank 0 leads and logs; the stop flag and `max_steps` act through rank 0
+/// (the other ranks stop when it does). A rank that dies or stops answering makes the others
+/// fail with [`LearnerError::Collective`] within the group's timeout.
+pub fn run_learner_in_group(
+    opts: &LearnerOptions,
+    stop: Arc<AtomicBool>,
+    group: Box<dyn Collective>,
+) -> Result<LearnerSummary> {
     let started = Instant::now();
     std::fs::create_dir_all(&opts.run_dir).map_err(|e| LearnerError::io(&opts.run_dir, e))?;
-    let metrics = MetricsLog::open(opts.run_dir.join(METRICS_FILE), "learner")
-        .map_err(|e| LearnerError::io(opts.run_dir.join(METRICS_FILE), e))?;
-    let mut learner = Learner::start(opts, metrics, stop)?;
+    let metrics = if group.rank() == 0 {
+        MetricsLog::open(opts.run_dir.join(METRICS_FILE), "learner")
+            .map_err(|e| LearnerError::io(opts.run_dir.join(METRICS_FILE), e))?
+    } else {
+        MetricsLog::disabled()
+    };
+    let mut learner = Learner::start(opts, metrics, stop, group)?;
     let exit = learner.run_stages()?;
     let summary = LearnerSummary {
         exit,
@@ -155,9 +183,34 @@ pub fn peak_rss_mb() -> Option<f64> {
 }
 
 impl<S: RolloutSource> Learner<'_, S> {
+    /// Rank 0 of the group (the only rank of a single process).
+    fn leads(&self) -> bool {
+        self.group.rank() == 0
+    }
+
+    /// Whether rank 0 should stop (the other ranks follow its commands).
     fn stopping(&self) -> bool {
         self.stop.load(Ordering::Relaxed)
             || self.opts.max_steps.is_some_and(|m| self.steps_here >= m)
+    }
+
+    /// Rank 0 decides whether to run the next (SFT) step and tells the others; `false`: stop.
+    fn agree_to_go(&mut self) -> Result<bool> {
+        let mine = self.leads().then(|| {
+            if self.stopping() {
+                group::Command::Stop
+            } else {
+                group::Command::Go
+            }
+        });
+        match group::broadcast_command(self.group.as_mut(), mine.as_ref())? {
+            group::Command::Go => Ok(true),
+            group::Command::Stop => Ok(false),
+            other => Err(LearnerError::State(format!(
+                "rank {}: expected an SFT step command, got {other:?}",
+                self.group.rank()
+            ))),
+        }
     }
 
     fn run_stages(&mut self) -> Result<LearnerExit> {
@@ -178,9 +231,11 @@ impl<S: RolloutSource> Learner<'_, S> {
             };
             if self.state.stage_step == 0 {
                 // A fresh optimizer per stage (its own betas, weight decay, clip).
-                self.optimizer = self
-                    .policy
-                    .optimizer(&stage, config.learner.max_bad_steps)?;
+                self.optimizer = self.policy.optimizer(
+                    &stage,
+                    config.learner.max_bad_steps,
+                    self.group.as_ref(),
+                )?;
                 self.state.stage_progress = cascade_shared::snapshot::StageProgress {
                     reference_version: Some(self.state.policy_version),
                     equal_in_a_row: 0,
@@ -213,13 +268,21 @@ impl<S: RolloutSource> Learner<'_, S> {
         Ok(LearnerExit::Completed)
     }
 
-    /// Trains the `[reward_model]` into `RUN_DIR/reward_model` when it is not there yet.
+    /// Trains the `[reward_model]` into `RUN_DIR/reward_model` when it is not there yet. In a
+    /// group rank 0 trains it and the other ranks wait for it to be complete (outside any
+    /// collective, so the training time is not bounded by the group's timeout).
     fn ensure_reward_model(&mut self) -> Result<()> {
         let dir = self
             .opts
             .run_dir
             .join(cascade_shared::config::TRAINED_REWARD_MODEL_DIR);
         if crate::reward_train::is_complete(&dir) {
+            return Ok(());
+        }
+        if !self.leads() {
+            while !crate::reward_train::is_complete(&dir) {
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
             return Ok(());
         }
         // `RunConfig::validate` refuses stages that use a trained reward model without one.

@@ -14,13 +14,27 @@ use crate::snapshot::{self, SnapshotInput};
 
 impl<S: RolloutSource> Learner<'_, S> {
     /// Publishes the current state as snapshot `policy_version` (unless already published),
-    /// commits the replay position it covers, and applies retention.
+    /// commits the replay position it covers, and applies retention. In a group every rank
+    /// calls it at the same points (a sharded optimizer state is gathered) and rank 0 writes.
     pub(super) fn publish(&mut self, stage_final: bool) -> Result<()> {
         let version = self.state.policy_version;
         if self.published == Some(version) {
             return Ok(());
         }
         let started = Instant::now();
+        // Inside a stage the snapshot carries the optimizer state; at a stage's step 0 the next
+        // step starts a fresh optimizer, so the snapshot is weights only.
+        let mut gathered = None;
+        let optimizer = if self.state.stage_step > 0 {
+            self.optimizer
+                .state_to_save(self.group.as_mut(), &mut gathered)?
+        } else {
+            None
+        };
+        if !self.leads() {
+            self.published = Some(version);
+            return Ok(());
+        }
         self.state.replay_cursors = serialise_position(&self.consumed)?;
         let model = self.policy.named_tensors();
         let torch_dtype = match self.policy.model.dtype() {
@@ -41,7 +55,7 @@ impl<S: RolloutSource> Learner<'_, S> {
             version,
             &SnapshotInput {
                 model: &model,
-                optimizer: &self.optimizer,
+                optimizer,
                 state: &self.state,
                 config_json: &config_json,
                 tokenizer_json: &self.tokenizer.tokenizer_json,
@@ -50,7 +64,9 @@ impl<S: RolloutSource> Learner<'_, S> {
             },
         )?;
         self.published = Some(version);
-        self.source.commit_at(&self.consumed)?;
+        if let Some(source) = self.source.as_mut() {
+            source.commit_at(&self.consumed)?;
+        }
         self.progressed = self.consumed.clone();
         let deleted = snapshot::retain(&self.snapshots, self.opts.config.learner.keep_snapshots)?;
         self.metrics.record(&events::Snapshot {

@@ -11,14 +11,16 @@ use cascade_shared::snapshot::{self, version_dir_name};
 use cascade_shared::transport::RolloutSource;
 use cascade_shared::{Mode, RolloutGroup};
 
+use super::group::{self, Command};
+use super::intake::StepBatch;
 use super::settings::{filter_config, grpo_config, lr_schedule};
 use super::Learner;
 use crate::batch::GrpoBatch;
 use crate::error::Result;
 use crate::filter::GroupFilter;
 use crate::optim::StepOutcome;
-use crate::sft::accumulate_scaled_sft_gradients;
-use crate::train_step::accumulate_grpo_gradients;
+use crate::sft::{accumulate_sft_gradients_part, sft_part};
+use crate::train_step::accumulate_grpo_gradients_part;
 
 impl<S: RolloutSource> Learner<'_, S> {
     /// The reference model of a KL-penalised stage: the weights at the stage's start.
@@ -64,9 +66,7 @@ impl<S: RolloutSource> Learner<'_, S> {
             let memory = StepMemory::start();
             let version = self.state.policy_version;
             let before = filter.metrics().clone();
-            let Some(step) =
-                self.fill_batch(&mut filter, &mut tracker, stage.batch_prompts, &stage.name)?
-            else {
+            let Some(step) = self.next_step(&mut filter, &mut tracker, stage)? else {
                 self.state.filter_metrics = filter.metrics().clone();
                 self.state.prompt_tracker = Some(tracker.state());
                 return Ok(false);
@@ -75,28 +75,41 @@ impl<S: RolloutSource> Learner<'_, S> {
             // (0: one padded sample per row); `micro_batch` rows per forward either way.
             let batch = GrpoBatch::from_groups(&step.kept, &grpo)?
                 .with_token_budget(config.learner.token_budget)?;
-            let stats = accumulate_grpo_gradients(
+            // This rank's micro-batches (all of them in one process); the statistics of all.
+            let micro_batches = batch.micro_batch_ranges(config.learner.micro_batch).len();
+            let stats = accumulate_grpo_gradients_part(
                 &self.policy.model,
                 reference.as_ref(),
                 &batch,
                 config.learner.micro_batch,
+                group::my_part(self.group.as_ref(), micro_batches),
                 &grpo,
                 &mut self.optimizer,
                 &self.opts.device,
             )?;
+            let stats = group::reduce_grpo_stats(self.group.as_mut(), &stats)?;
             // sft_mix: coef × the mean NLL of the next rows of SFT conversations, added to the
             // GRPO loss (skipped with it on a step without signal).
             let mix_stats = match (&mut sft_mix, step.no_signal) {
                 (Some((mix, rows)), false) => {
                     let start = self.state.stage_step as usize * mix.rows;
-                    let stats = accumulate_scaled_sft_gradients(
-                        &self.policy.model,
-                        &rows.rows(start, mix.rows),
+                    let rows = rows.rows(start, mix.rows);
+                    let part = sft_part(
+                        rows.len(),
                         config.learner.micro_batch,
+                        self.group.rank(),
+                        self.group.world_size(),
+                    );
+                    let mut stats = accumulate_sft_gradients_part(
+                        &self.policy.model,
+                        &rows,
+                        config.learner.micro_batch,
+                        part,
                         &mut self.optimizer,
                         &self.opts.device,
                         mix.coef,
                     )?;
+                    stats.loss = group::sum_over_ranks(self.group.as_mut(), stats.loss)?;
                     Some((mix.coef, stats))
                 }
                 _ => None,
@@ -107,7 +120,7 @@ impl<S: RolloutSource> Learner<'_, S> {
                 self.optimizer.zero_grad();
                 StepOutcome::Applied { grad_norm: 0.0, lr }
             } else {
-                self.optimizer.step(lr, loss)?
+                self.optimizer.step(lr, loss, self.group.as_mut())?
             };
             let grad_norm = match outcome {
                 StepOutcome::Applied { grad_norm, .. } => Some(grad_norm),
@@ -185,6 +198,62 @@ impl<S: RolloutSource> Learner<'_, S> {
             }
         }
         Ok(true)
+    }
+}
+
+impl<S: RolloutSource> Learner<'_, S> {
+    /// The groups of the next step: rank 0 fills the batch and tells the other ranks; they
+    /// wait for it (through rank 0's heartbeats). `None`: stop.
+    fn next_step(
+        &mut self,
+        filter: &mut GroupFilter,
+        tracker: &mut PromptTracker,
+        stage: &StageConfig,
+    ) -> Result<Option<StepBatch>> {
+        if self.leads() {
+            // Checked here too, not only when the queue runs dry: a backlog of queued groups
+            // must not delay a stop (SIGTERM, max_steps); undecided groups stay in the log.
+            let step = if self.stopping() {
+                None
+            } else {
+                self.fill_batch(filter, tracker, stage.batch_prompts, &stage.name)?
+            };
+            if self.group.world_size() == 1 {
+                return Ok(step);
+            }
+            let Some(mut step) = step else {
+                group::broadcast_command(self.group.as_mut(), Some(&Command::Stop))?;
+                return Ok(None);
+            };
+            let command = Command::Step {
+                kept: std::mem::take(&mut step.kept),
+                no_signal: step.no_signal,
+            };
+            group::broadcast_command(self.group.as_mut(), Some(&command))?;
+            if let Command::Step { kept, .. } = command {
+                step.kept = kept;
+            }
+            return Ok(Some(step));
+        }
+        loop {
+            match group::broadcast_command(self.group.as_mut(), None)? {
+                Command::Wait => continue,
+                Command::Stop => return Ok(None),
+                Command::Step { kept, no_signal } => {
+                    return Ok(Some(StepBatch {
+                        kept,
+                        no_signal,
+                        ..StepBatch::default()
+                    }))
+                }
+                Command::Go => {
+                    return Err(crate::error::LearnerError::State(format!(
+                        "rank {}: an SFT step command in an RL stage",
+                        self.group.rank()
+                    )))
+                }
+            }
+        }
     }
 }
 

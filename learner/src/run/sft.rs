@@ -8,11 +8,12 @@ use cascade_shared::metrics::{SftStep, StepMemory};
 use cascade_shared::plan::DEFAULT_SFT_TOKEN_BUDGET;
 use cascade_shared::transport::RolloutSource;
 
+use super::group;
 use super::settings::lr_schedule;
 use super::Learner;
 use crate::error::Result;
 use crate::optim::StepOutcome;
-use crate::sft::{accumulate_sft_gradients, load_sft_from, SftSchedule};
+use crate::sft::{accumulate_sft_gradients_part, load_sft_from, sft_part, SftSchedule};
 
 /// Salt of the SFT packing order.
 const SFT_SALT: u64 = 0x5f73_6674_5f6f_7264;
@@ -72,22 +73,32 @@ impl<S: RolloutSource> Learner<'_, S> {
         let schedule_lr = lr_schedule(stage);
         let micro = self.opts.config.learner.micro_batch;
         while (self.state.stage_step as usize) < stage.steps {
-            if self.stopping() {
+            if !self.agree_to_go()? {
                 return Ok(false);
             }
             let t0 = Instant::now();
             let memory = StepMemory::start();
             let start = self.state.stage_step as usize * stage.batch_prompts;
             let rows = schedule.rows(start, stage.batch_prompts);
-            let stats = accumulate_sft_gradients(
+            // This rank's micro-batches of the step (all of them in one process).
+            let part = sft_part(
+                rows.len(),
+                micro,
+                self.group.rank(),
+                self.group.world_size(),
+            );
+            let mut stats = accumulate_sft_gradients_part(
                 &self.policy.model,
                 &rows,
                 micro,
+                part,
                 &mut self.optimizer,
                 &self.opts.device,
+                1.0,
             )?;
+            stats.loss = group::sum_over_ranks(self.group.as_mut(), stats.loss)?;
             let lr = schedule_lr.lr(self.state.stage_step);
-            let outcome = self.optimizer.step(lr, stats.loss)?;
+            let outcome = self.optimizer.step(lr, stats.loss, self.group.as_mut())?;
             let grad_norm = match outcome {
                 StepOutcome::Applied { grad_norm, .. } => Some(grad_norm),
                 StepOutcome::Skipped { .. } => None,

@@ -20,10 +20,13 @@ use cascade_shared::snapshot::{
 };
 use cascade_shared::transport::{ReplaySource, RolloutSource};
 
+use super::group::TrainOptimizer;
 use super::settings::adamw_config;
 use super::{Learner, LearnerOptions};
 use crate::error::{LearnerError, Result};
 use crate::optim::AdamW;
+use crate::zero::ShardedAdamW;
+use cascade_shared::collective::Collective;
 
 /// The tokenizer files of the run (copied into every snapshot).
 pub(super) struct TokenizerFiles {
@@ -68,15 +71,30 @@ impl Policy {
             .collect()
     }
 
-    pub(super) fn optimizer(&self, stage: &StageConfig, max_bad_steps: usize) -> Result<AdamW> {
-        AdamW::new(
-            self.params
-                .vars
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-            adamw_config(stage, max_bad_steps),
-        )
+    /// A fresh optimizer for `stage`: AdamW in one process, its state sharded over a group.
+    pub(super) fn optimizer(
+        &self,
+        stage: &StageConfig,
+        max_bad_steps: usize,
+        group: &dyn Collective,
+    ) -> Result<TrainOptimizer> {
+        let vars = self
+            .params
+            .vars
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let cfg = adamw_config(stage, max_bad_steps);
+        Ok(if group.world_size() == 1 {
+            TrainOptimizer::Local(AdamW::new(vars, cfg)?)
+        } else {
+            TrainOptimizer::Sharded(ShardedAdamW::new(
+                vars,
+                cfg,
+                group.rank(),
+                group.world_size(),
+            )?)
+        })
     }
 }
 
@@ -134,7 +152,20 @@ fn resumed(opts: &LearnerOptions, dir: &Path) -> Result<Origin> {
         loaded.state.stage_index,
         loaded.state.stage_step
     );
-    let optimizer_file = (loaded.state.stage_step > 0).then(|| dir.join(OPTIMIZER_FILE));
+    // Inside a stage the optimizer state is part of the snapshot; at a stage's step 0 the
+    // stage starts with a fresh optimizer and the snapshot may carry weights only.
+    let optimizer_file = if loaded.state.stage_step > 0 {
+        if !loaded.info.manifest.files.contains_key(OPTIMIZER_FILE) {
+            return Err(LearnerError::State(format!(
+                "snapshot {} is at stage step {} but has no {OPTIMIZER_FILE}",
+                dir.display(),
+                loaded.state.stage_step
+            )));
+        }
+        Some(dir.join(OPTIMIZER_FILE))
+    } else {
+        None
+    };
     Ok(Origin {
         policy: Policy::from_tensors(cfg, tensors)?,
         tokenizer: TokenizerFiles::from_dir(dir)?,
@@ -156,6 +187,81 @@ impl<'a> Learner<'a, ReplaySource> {
         opts: &'a LearnerOptions,
         metrics: MetricsLog,
         stop: Arc<AtomicBool>,
+        mut group: Box<dyn Collective>,
+    ) -> Result<Self> {
+        if group.rank() != 0 {
+            return Self::follow(opts, stop, group);
+        }
+        let mut learner = Self::lead(opts, metrics, stop, group.as_mut())?;
+        // Tell the other ranks which snapshot to start from (they wait for it).
+        let mut version = learner.state.policy_version.to_le_bytes();
+        group.broadcast(&mut version, 0)?;
+        learner.group = group;
+        Ok(learner)
+    }
+
+    /// A rank other than 0: waits for rank 0 to start (and publish the initial snapshot of a
+    /// fresh run), then loads the snapshot rank 0 started from.
+    fn follow(
+        opts: &'a LearnerOptions,
+        stop: Arc<AtomicBool>,
+        mut group: Box<dyn Collective>,
+    ) -> Result<Self> {
+        let mut version = [0u8; 8];
+        group.broadcast(&mut version, 0)?;
+        let version = u64::from_le_bytes(version);
+        let snapshots = opts.run_dir.join("snapshots");
+        let dir = snapshots.join(snapshot::version_dir_name(version));
+        let Origin {
+            policy,
+            tokenizer,
+            state,
+            optimizer_file,
+        } = resumed(opts, &dir)?;
+        let chat = Chat::from_dir(&tokenizer.dir)?;
+        let config = &opts.config;
+        let stage_cfg = config
+            .stages
+            .get(state.stage_index as usize)
+            .or(config.stages.last())
+            .expect("a validated run config has a stage");
+        let mut optimizer =
+            policy.optimizer(stage_cfg, config.learner.max_bad_steps, group.as_ref())?;
+        if let Some(file) = optimizer_file {
+            optimizer.load(&file)?;
+        }
+        let consumed: <ReplaySource as RolloutSource>::Position =
+            serde_json::from_value(state.replay_cursors.clone())
+                .map_err(|e| LearnerError::State(format!("snapshot replay position: {e}")))?;
+        Ok(Learner {
+            opts,
+            metrics: MetricsLog::disabled(),
+            published: Some(version),
+            snapshots,
+            policy,
+            tokenizer,
+            chat,
+            state,
+            optimizer,
+            source: None,
+            group,
+            queue: VecDeque::new(),
+            progressed: consumed.clone(),
+            consumed,
+            steps_here: 0,
+            idle_s: 0.0,
+            stop,
+            heartbeat: Instant::now(),
+        })
+    }
+
+    /// Rank 0 (or a single process): a fresh run publishes `v000000`, a resumed one restores
+    /// the newest complete snapshot.
+    fn lead(
+        opts: &'a LearnerOptions,
+        metrics: MetricsLog,
+        stop: Arc<AtomicBool>,
+        group: &mut dyn Collective,
     ) -> Result<Self> {
         let started = Instant::now();
         let config = &opts.config;
@@ -185,7 +291,7 @@ impl<'a> Learner<'a, ReplaySource> {
             .get(state.stage_index as usize)
             .or(config.stages.last())
             .expect("a validated run config has a stage");
-        let mut optimizer = policy.optimizer(stage_cfg, config.learner.max_bad_steps)?;
+        let mut optimizer = policy.optimizer(stage_cfg, config.learner.max_bad_steps, group)?;
         if let Some(file) = optimizer_file {
             optimizer.load(&file)?;
         }
@@ -206,13 +312,17 @@ impl<'a> Learner<'a, ReplaySource> {
             chat,
             state,
             optimizer,
-            source,
+            source: Some(source),
+            // Replaced by the caller's group once started (a fresh run's initial publish
+            // writes weights only and needs no collective).
+            group: Box::new(cascade_shared::collective::Single),
             queue: VecDeque::new(),
             progressed: consumed.clone(),
             consumed,
             steps_here: 0,
             idle_s: 0.0,
             stop,
+            heartbeat: Instant::now(),
         };
         if learner.published.is_none() {
             // Version 0: the initial weights, kept as the start of stage 0.

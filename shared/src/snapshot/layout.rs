@@ -27,14 +27,9 @@ pub const COMPLETE_FILE: &str = "COMPLETE";
 pub const LATEST_FILE: &str = "LATEST";
 /// Directory of actor acknowledgements.
 pub const ACKS_DIR: &str = "acks";
-/// The files every snapshot's manifest must list.
-pub const REQUIRED_FILES: [&str; 5] = [
-    MODEL_FILE,
-    OPTIMIZER_FILE,
-    STATE_FILE,
-    CONFIG_FILE,
-    TOKENIZER_FILE,
-];
+/// The files every snapshot's manifest must list. `optimizer.safetensors` is listed by
+/// snapshots taken inside a stage (stage step > 0); one at a stage's start carries weights only.
+pub const REQUIRED_FILES: [&str; 4] = [MODEL_FILE, STATE_FILE, CONFIG_FILE, TOKENIZER_FILE];
 
 /// Version of the manifest layout.
 pub const MANIFEST_FORMAT: u32 = 1;

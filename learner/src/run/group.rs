@@ -1,0 +1,224 @@
+//! A learner that spans several processes (issue 17): one rank per device, working as one
+//! learner over a [`Collective`].
+//!
+//! **Rank 0 leads.** It alone reads the replay log, runs the filter, the staleness and prompt
+//! decisions, writes `metrics.jsonl` and publishes snapshots; it decides each step once and
+//! broadcasts it as a [`Command`]: the admitted groups of a GRPO step, or "go" for an SFT step
+//! (whose rows every rank computes from the same schedule), or "stop". While it waits for
+//! rollouts it broadcasts a heartbeat, so that the other ranks' collective timeout tells a
+//! silent leader from a slow actor.
+//!
+//! **Every rank trains its share.** The step's micro-batches (cut exactly as one process would
+//! cut them) are split into contiguous runs, one per rank ([`shard_range`]); each rank
+//! accumulates the gradients of its micro-batches with the whole batch's loss denominator, so
+//! the gradients of all ranks sum to the single-process gradient. The optimizer is
+//! [`ShardedAdamW`] (ZeRO: reduce-scatter, global-norm clip, sharded update, all-gather); with
+//! one rank it is the plain [`AdamW`].
+//!
+//! Snapshots: rank 0 writes them; a snapshot inside a stage needs the optimizer state, which
+//! every rank gathers with rank 0 (see [`ShardedAdamW::gather`]); a stage's step-0 snapshot
+//! (stage-final, initial) carries weights only.
+
+use std::path::Path;
+
+use candle_core::backprop::GradStore;
+use cascade_shared::collective::{shard_range, Collective};
+use cascade_shared::RolloutGroup;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{LearnerError, Result};
+use crate::grpo::GrpoStats;
+use crate::optim::{AdamW, GradientSink, OptimizerState, StepOutcome};
+use crate::zero::ShardedAdamW;
+
+/// What rank 0 tells the other ranks before each step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(super) enum Command {
+    /// Rank 0 is waiting for rollouts; wait with it.
+    Wait,
+    /// Publish what is done and return.
+    Stop,
+    /// Run the next SFT step.
+    Go,
+    /// Run a GRPO step on these groups.
+    Step {
+        /// The admitted groups, in the order rank 0 batches them.
+        kept: Vec<RolloutGroup>,
+        /// The step has no signal (equal rewards): no update.
+        no_signal: bool,
+    },
+}
+
+/// Broadcasts rank 0's `command` (`Some` on rank 0, ignored elsewhere) to every rank.
+pub(super) fn broadcast_command(
+    group: &mut dyn Collective,
+    command: Option<&Command>,
+) -> Result<Command> {
+    if group.world_size() == 1 {
+        return command
+            .cloned()
+            .ok_or_else(|| LearnerError::InvalidCall("rank 0 must give the command".into()));
+    }
+    let payload = match (group.rank(), command) {
+        (0, Some(c)) => serde_json::to_vec(c)
+            .map_err(|e| LearnerError::State(format!("step command does not serialise: {e}")))?,
+        (0, None) => {
+            return Err(LearnerError::InvalidCall(
+                "rank 0 must give the command".into(),
+            ))
+        }
+        _ => Vec::new(),
+    };
+    let mut len = (payload.len() as u64).to_le_bytes();
+    group.broadcast(&mut len, 0)?;
+    let mut buf = payload;
+    buf.resize(u64::from_le_bytes(len) as usize, 0);
+    group.broadcast(&mut buf, 0)?;
+    serde_json::from_slice(&buf).map_err(|e| {
+        LearnerError::State(format!(
+            "rank {}: step command from rank 0 does not parse: {e}",
+            group.rank()
+        ))
+    })
+}
+
+/// Every rank's `values`, in rank order (bits exact: each f64 travels as two f32 words that the
+/// gather only copies).
+pub(super) fn all_gather_f64(group: &mut dyn Collective, values: &[f64]) -> Result<Vec<Vec<f64>>> {
+    let world = group.world_size();
+    if world == 1 {
+        return Ok(vec![values.to_vec()]);
+    }
+    let words: Vec<f32> = values
+        .iter()
+        .flat_map(|v| {
+            let bits = v.to_bits();
+            [
+                f32::from_bits(bits as u32),
+                f32::from_bits((bits >> 32) as u32),
+            ]
+        })
+        .collect();
+    let mut all = vec![0f32; words.len() * world];
+    group.all_gather(&words, &mut all)?;
+    Ok(all
+        .chunks(words.len().max(1))
+        .take(world)
+        .map(|rank| {
+            rank.chunks(2)
+                .map(|w| {
+                    f64::from_bits(u64::from(w[0].to_bits()) | (u64::from(w[1].to_bits()) << 32))
+                })
+                .collect()
+        })
+        .collect())
+}
+
+/// The step's statistics over all ranks: sums in rank order, maxima of the maxima.
+pub(super) fn reduce_grpo_stats(group: &mut dyn Collective, mine: &GrpoStats) -> Result<GrpoStats> {
+    if group.world_size() == 1 {
+        return Ok(*mine);
+    }
+    let fields = [
+        mine.loss,
+        mine.tokens,
+        mine.clipped_tokens,
+        mine.dual_clipped_tokens,
+        mine.ratio_sum,
+        mine.ratio_max,
+        mine.kl_sum,
+        mine.kl_max,
+        mine.kl_bounded_tokens,
+        mine.ref_log_ratio_max,
+    ];
+    let mut total = GrpoStats::default();
+    for r in all_gather_f64(group, &fields)? {
+        total.add(&GrpoStats {
+            loss: r[0],
+            tokens: r[1],
+            clipped_tokens: r[2],
+            dual_clipped_tokens: r[3],
+            ratio_sum: r[4],
+            ratio_max: r[5],
+            kl_sum: r[6],
+            kl_max: r[7],
+            kl_bounded_tokens: r[8],
+            ref_log_ratio_max: r[9],
+        });
+    }
+    Ok(total)
+}
+
+/// The sum over ranks of one number (an SFT loss: each rank's share of the mean).
+pub(super) fn sum_over_ranks(group: &mut dyn Collective, mine: f64) -> Result<f64> {
+    Ok(all_gather_f64(group, &[mine])?
+        .iter()
+        .fold(0.0, |acc, r| acc + r[0]))
+}
+
+/// The micro-batches of `n` a rank runs.
+pub(super) fn my_part(group: &dyn Collective, n: usize) -> std::ops::Range<usize> {
+    shard_range(n, group.rank(), group.world_size())
+}
+
+/// The learner's optimizer: AdamW alone, or sharded over the group.
+pub(super) enum TrainOptimizer {
+    /// One process.
+    Local(AdamW),
+    /// State sharded over the ranks of a group.
+    Sharded(ShardedAdamW),
+}
+
+impl TrainOptimizer {
+    /// A step over the group (`loss`: the global batch loss).
+    pub(super) fn step(
+        &mut self,
+        lr: f64,
+        loss: f64,
+        group: &mut dyn Collective,
+    ) -> Result<StepOutcome> {
+        match self {
+            TrainOptimizer::Local(o) => o.step(lr, loss),
+            TrainOptimizer::Sharded(o) => o.step(lr, loss, group),
+        }
+    }
+
+    pub(super) fn zero_grad(&mut self) {
+        match self {
+            TrainOptimizer::Local(o) => o.zero_grad(),
+            TrainOptimizer::Sharded(o) => o.zero_grad(),
+        }
+    }
+
+    pub(super) fn load(&mut self, path: &Path) -> Result<()> {
+        match self {
+            TrainOptimizer::Local(o) => o.load(path),
+            TrainOptimizer::Sharded(o) => o.load(path),
+        }
+    }
+
+    /// What rank 0 writes as `optimizer.safetensors`; every rank must call it (a sharded state
+    /// is gathered). `None` on the other ranks.
+    pub(super) fn state_to_save<'a>(
+        &'a self,
+        group: &mut dyn Collective,
+        gathered: &'a mut Option<crate::optim::OptimizerImage>,
+    ) -> Result<Option<&'a dyn OptimizerState>> {
+        match self {
+            TrainOptimizer::Local(o) => Ok(Some(o)),
+            TrainOptimizer::Sharded(o) => {
+                *gathered = o.gather(group)?;
+                Ok(gathered.as_ref().map(|g| g as &dyn OptimizerState))
+            }
+        }
+    }
+}
+
+impl GradientSink for TrainOptimizer {
+    fn accumulate(&mut self, grads: &GradStore) -> Result<()> {
+        match self {
+            TrainOptimizer::Local(o) => o.accumulate(grads),
+            TrainOptimizer::Sharded(o) => o.accumulate(grads),
+        }
+    }
+}

@@ -1,0 +1,395 @@
+//! AdamW with its state sharded over the ranks of a learner group (ZeRO stage 1/2, issue 17).
+//!
+//! The trained parameters, sorted by name, are laid end to end as one flat f32 vector; rank `r`
+//! of `W` owns the elements [`shard_range`]`(total, r, W)` and keeps the f32 master weights and
+//! the two Adam moments of those elements only (12 bytes per owned parameter instead of 12 per
+//! parameter). One step:
+//!
+//! 1. the gradients each rank accumulated over its micro-batches are flattened and
+//!    **reduce-scattered**: each rank receives the sum over ranks of its shard;
+//! 2. the squared norm of each shard is **all-reduced** (with the per-parameter "received a
+//!    gradient" flags): every rank has the global norm, so clipping and the NaN/inf guard decide
+//!    the same on every rank without a host read per tensor;
+//! 3. each rank applies the AdamW update of [`crate::optim::AdamW`] to its shard, element by
+//!    element in the same f32 operations in the same order as candle's tensor ops there (so the
+//!    update is bit-for-bit that of a single process given the same summed gradient);
+//! 4. the updated master shards are **all-gathered** and every rank writes the result, cast to
+//!    the model's dtype, into its weights.
+//!
+//! The state is saved in the single-process format (`optimizer.safetensors`, see
+//! [`crate::optim::AdamW::save`]): the shards are gathered and rank 0 writes the file. Loading
+//! cuts a rank's shard out of that file, so a run saved by `W` ranks resumes with any number
+//! of ranks.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::Path;
+
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Device, Tensor, Var};
+use cascade_shared::collective::{shard_range, Collective};
+
+use crate::error::{LearnerError, Result};
+use crate::optim::{
+    AdamWConfig, Counters, GradientSink, OptimizerFile, OptimizerImage, SkipReason, StepOutcome,
+};
+
+/// One trained tensor and where it lies in the flat vector.
+struct FlatParam {
+    name: String,
+    var: Var,
+    offset: usize,
+    numel: usize,
+    /// Sum of this rank's micro-batch gradients since the last step (f32).
+    grad: Option<Tensor>,
+    /// Updates received (per parameter, as in torch).
+    steps: u64,
+}
+
+impl FlatParam {
+    fn range(&self) -> Range<usize> {
+        self.offset..self.offset + self.numel
+    }
+}
+
+/// AdamW whose master weights and moments are sharded over the ranks of a [`Collective`].
+pub struct ShardedAdamW {
+    cfg: AdamWConfig,
+    params: Vec<FlatParam>,
+    total: usize,
+    rank: usize,
+    world: usize,
+    /// This rank's elements of the flat vector.
+    shard: Range<usize>,
+    master: Vec<f32>,
+    exp_avg: Vec<f32>,
+    exp_avg_sq: Vec<f32>,
+    counters: Counters,
+}
+
+/// The overlap of `a` and `b` (empty when they do not meet).
+fn overlap(a: &Range<usize>, b: &Range<usize>) -> Range<usize> {
+    a.start.max(b.start)..a.end.min(b.end).max(a.start.max(b.start))
+}
+
+fn flat_f32(t: &Tensor) -> Result<Vec<f32>> {
+    Ok(t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?)
+}
+
+impl ShardedAdamW {
+    /// The optimizer of rank `rank` of `world` over `params` (sorted by name internally).
+    pub fn new(
+        params: Vec<(String, Var)>,
+        cfg: AdamWConfig,
+        rank: usize,
+        world: usize,
+    ) -> Result<Self> {
+        cfg.validate()?;
+        if world == 0 || rank >= world {
+            return Err(LearnerError::InvalidCall(format!(
+                "rank {rank} of a group of {world}"
+            )));
+        }
+        let mut params = params;
+        params.sort_by(|a, b| a.0.cmp(&b.0));
+        if let Some(w) = params.windows(2).find(|w| w[0].0 == w[1].0) {
+            return Err(LearnerError::InvalidCall(format!(
+                "parameter {} listed twice",
+                w[0].0
+            )));
+        }
+        let mut offset = 0;
+        let params: Vec<FlatParam> = params
+            .into_iter()
+            .map(|(name, var)| {
+                let numel = var.elem_count();
+                let p = FlatParam {
+                    name,
+                    var,
+                    offset,
+                    numel,
+                    grad: None,
+                    steps: 0,
+                };
+                offset += numel;
+                p
+            })
+            .collect();
+        let total = offset;
+        let shard = shard_range(total, rank, world);
+        let mut master = Vec::with_capacity(shard.len());
+        for p in &params {
+            let part = overlap(&p.range(), &shard);
+            if part.is_empty() {
+                continue;
+            }
+            let values = flat_f32(p.var.as_tensor())?;
+            master.extend_from_slice(&values[part.start - p.offset..part.end - p.offset]);
+        }
+        Ok(ShardedAdamW {
+            cfg,
+            params,
+            total,
+            rank,
+            world,
+            exp_avg: vec![0.0; shard.len()],
+            exp_avg_sq: vec![0.0; shard.len()],
+            master,
+            shard,
+            counters: Counters::default(),
+        })
+    }
+
+    /// The hyper-parameters.
+    pub fn config(&self) -> &AdamWConfig {
+        &self.cfg
+    }
+
+    /// Applied optimizer steps so far.
+    pub fn steps(&self) -> u64 {
+        self.counters.step
+    }
+
+    /// Elements of the flat parameter vector this rank owns.
+    pub fn shard(&self) -> Range<usize> {
+        self.shard.clone()
+    }
+
+    /// Adds one micro-batch's gradients to this rank's running sum.
+    pub fn accumulate(&mut self, grads: &GradStore) -> Result<()> {
+        for p in &mut self.params {
+            if let Some(g) = grads.get(p.var.as_tensor()) {
+                let g = g.to_dtype(DType::F32)?;
+                p.grad = Some(match p.grad.take() {
+                    None => g,
+                    Some(sum) => (sum + g)?,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops the accumulated gradients.
+    pub fn zero_grad(&mut self) {
+        for p in &mut self.params {
+            p.grad = None;
+        }
+    }
+
+    /// One AdamW step over the group: every rank calls it with the same `lr` and the same
+    /// global batch `loss` (see the module docs). Returns what [`crate::optim::AdamW::step`]
+    /// would for the summed gradient: skipped on a NaN/inf loss or norm (on every rank alike),
+    /// [`LearnerError::TooManyNonFiniteSteps`] after too many in a row.
+    pub fn step(&mut self, lr: f64, loss: f64, group: &mut dyn Collective) -> Result<StepOutcome> {
+        self.check_group(group)?;
+        // 1. Flat local gradient, and which parameters received one.
+        let mut flat = vec![0f32; self.total];
+        let mut reduced = vec![0f32; self.params.len() + 1];
+        for (i, p) in self.params.iter_mut().enumerate() {
+            if let Some(g) = p.grad.take() {
+                flat[p.range()].copy_from_slice(&flat_f32(&g)?);
+                reduced[i] = 1.0;
+            }
+        }
+        let mut shard_grad = vec![0f32; self.shard.len()];
+        group.reduce_scatter_sum(&flat, &mut shard_grad)?;
+        drop(flat);
+        // 2. Global squared norm (rank-order sum of the shards' f64 sums, carried in f32).
+        let sq: f64 = shard_grad
+            .iter()
+            .map(|&g| f64::from(g) * f64::from(g))
+            .sum();
+        reduced[self.params.len()] = sq as f32;
+        group.all_reduce_sum(&mut reduced)?;
+        let grad_norm = f64::from(reduced[self.params.len()]).sqrt();
+        let skip = if !loss.is_finite() {
+            Some(SkipReason::NonFiniteLoss)
+        } else if !grad_norm.is_finite() {
+            Some(SkipReason::NonFiniteGradNorm)
+        } else {
+            None
+        };
+        if let Some(reason) = skip {
+            self.counters.consecutive_skips += 1;
+            self.counters.skipped_total += 1;
+            tracing::warn!(
+                ?reason,
+                loss,
+                grad_norm,
+                consecutive = self.counters.consecutive_skips,
+                "optimizer step skipped"
+            );
+            if self.counters.consecutive_skips >= self.cfg.max_consecutive_skips {
+                return Err(LearnerError::TooManyNonFiniteSteps {
+                    consecutive: self.counters.consecutive_skips,
+                    limit: self.cfg.max_consecutive_skips,
+                });
+            }
+            return Ok(StepOutcome::Skipped {
+                reason,
+                consecutive: self.counters.consecutive_skips,
+            });
+        }
+        self.counters.consecutive_skips = 0;
+        let clip = match self.cfg.max_grad_norm {
+            Some(max) => (max / (grad_norm + 1e-6)).min(1.0),
+            None => 1.0,
+        };
+        self.counters.step += 1;
+        // 3. The update of this rank's shard, in candle's f32 operations (see `AdamW::step`):
+        // `t * s` is `t * (s as f32) + 0`, `t / s` is `t * ((1 / s) as f32) + 0`, `t + s` is
+        // `t * 1 + (s as f32)`.
+        let (b1, b2) = (self.cfg.beta1, self.cfg.beta2);
+        let decay = (1.0 - lr * self.cfg.weight_decay) as f32;
+        let clip32 = clip as f32;
+        let (b1f, one_minus_b1) = (b1 as f32, (1.0 - b1) as f32);
+        let (b2f, one_minus_b2) = (b2 as f32, (1.0 - b2) as f32);
+        let eps = self.cfg.eps as f32;
+        let mut updated = Vec::with_capacity(self.params.len());
+        for (i, p) in self.params.iter_mut().enumerate() {
+            if reduced[i] == 0.0 {
+                continue;
+            }
+            p.steps += 1;
+            updated.push(i);
+            let part = overlap(&p.range(), &self.shard);
+            if part.is_empty() {
+                continue;
+            }
+            let k = p.steps as i32;
+            let step_size = (lr / (1.0 - b1.powi(k))) as f32;
+            let inv_bc2 = (1.0 / (1.0 - b2.powi(k)).sqrt()) as f32;
+            let local = part.start - self.shard.start..part.end - self.shard.start;
+            for j in local {
+                let mut g = shard_grad[j];
+                if clip < 1.0 {
+                    g = g * clip32 + 0.0;
+                }
+                let master = self.master[j] * decay + 0.0;
+                let m = (self.exp_avg[j] * b1f + 0.0) + (g * one_minus_b1 + 0.0);
+                let v = (self.exp_avg_sq[j] * b2f + 0.0) + ((g * g) * one_minus_b2 + 0.0);
+                let denom = (v.sqrt() * inv_bc2 + 0.0) * 1.0 + eps;
+                self.master[j] = master - ((m / denom) * step_size + 0.0);
+                self.exp_avg[j] = m;
+                self.exp_avg_sq[j] = v;
+            }
+        }
+        // 4. Every rank's weights from the gathered masters.
+        let mut full = vec![0f32; self.total];
+        group.all_gather(&self.master, &mut full)?;
+        for i in updated {
+            let p = &self.params[i];
+            let t = Tensor::from_slice(&full[p.range()], p.var.shape(), p.var.device())?;
+            p.var.set(&t.to_dtype(p.var.dtype())?)?;
+        }
+        Ok(StepOutcome::Applied { grad_norm, lr })
+    }
+
+    fn check_group(&self, group: &dyn Collective) -> Result<()> {
+        if group.rank() != self.rank || group.world_size() != self.world {
+            return Err(LearnerError::InvalidCall(format!(
+                "optimizer shard of rank {} of {} used with rank {} of {}",
+                self.rank,
+                self.world,
+                group.rank(),
+                group.world_size()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Gathers the state of every shard. Rank 0 gets the single-process
+    /// `optimizer.safetensors` contents (write them with
+    /// [`crate::optim::OptimizerState::save`]); the other ranks get `None`. Every rank must call it.
+    pub(crate) fn gather(&self, group: &mut dyn Collective) -> Result<Option<OptimizerImage>> {
+        self.check_group(group)?;
+        let mut out = Vec::new();
+        for shard in [&self.exp_avg, &self.exp_avg_sq, &self.master] {
+            let mut full = vec![0f32; self.total];
+            group.all_gather(shard, &mut full)?;
+            out.push(full);
+        }
+        if self.rank != 0 {
+            return Ok(None);
+        }
+        let device = Device::Cpu;
+        let mut tensors = Vec::with_capacity(self.params.len() * 3);
+        for p in &self.params {
+            let piece = |v: &Vec<f32>| Tensor::from_slice(&v[p.range()], p.var.shape(), &device);
+            tensors.push((format!("exp_avg.{}", p.name), piece(&out[0])?));
+            tensors.push((format!("exp_avg_sq.{}", p.name), piece(&out[1])?));
+            if p.var.dtype() != DType::F32 {
+                tensors.push((format!("master.{}", p.name), piece(&out[2])?));
+            }
+        }
+        Ok(Some(OptimizerImage {
+            tensors,
+            counters: self.counters,
+            param_steps: self
+                .params
+                .iter()
+                .map(|p| (p.name.clone(), p.steps))
+                .collect::<BTreeMap<_, _>>(),
+        }))
+    }
+
+    /// Gathers the state (every rank calls it) and rank 0 writes it to `path` as
+    /// `optimizer.safetensors`.
+    pub fn save_gathered(&self, group: &mut dyn Collective, path: &Path) -> Result<()> {
+        if let Some(image) = self.gather(group)? {
+            crate::optim::OptimizerState::save(&image, path)?;
+        }
+        Ok(())
+    }
+
+    /// Restores this rank's shard from an `optimizer.safetensors` written by any number of
+    /// ranks (or by [`crate::optim::AdamW`]), and sets the weights to its master copy. Call
+    /// after the model weights are loaded; every rank reads the file.
+    pub fn load(&mut self, path: &Path) -> Result<()> {
+        let mut file = OptimizerFile::read(path, &Device::Cpu)?;
+        let mut exp_avg = Vec::with_capacity(self.shard.len());
+        let mut exp_avg_sq = Vec::with_capacity(self.shard.len());
+        let mut master = Vec::with_capacity(self.shard.len());
+        let mut steps = Vec::with_capacity(self.params.len());
+        for p in &self.params {
+            let dims = p.var.dims().to_vec();
+            let m = file.take(&format!("exp_avg.{}", p.name), &dims)?;
+            let v = file.take(&format!("exp_avg_sq.{}", p.name), &dims)?;
+            // An f32 parameter is its own master (its weights are already loaded).
+            let w = if p.var.dtype() == DType::F32 {
+                p.var.as_tensor().clone()
+            } else {
+                file.take(&format!("master.{}", p.name), &dims)?
+            };
+            steps.push(file.param_steps(&p.name)?);
+            let part = overlap(&p.range(), &self.shard);
+            if part.is_empty() {
+                continue;
+            }
+            let local = part.start - p.offset..part.end - p.offset;
+            exp_avg.extend_from_slice(&flat_f32(&m)?[local.clone()]);
+            exp_avg_sq.extend_from_slice(&flat_f32(&v)?[local.clone()]);
+            master.extend_from_slice(&flat_f32(&w)?[local]);
+            if p.var.dtype() != DType::F32 {
+                p.var
+                    .set(&w.to_device(p.var.device())?.to_dtype(p.var.dtype())?)?;
+            }
+        }
+        file.finish()?;
+        for (p, s) in self.params.iter_mut().zip(steps) {
+            p.steps = s;
+            p.grad = None;
+        }
+        self.exp_avg = exp_avg;
+        self.exp_avg_sq = exp_avg_sq;
+        self.master = master;
+        self.counters = file.counters;
+        Ok(())
+    }
+}
+
+impl GradientSink for ShardedAdamW {
+    fn accumulate(&mut self, grads: &GradStore) -> Result<()> {
+        ShardedAdamW::accumulate(self, grads)
+    }
+}
