@@ -624,6 +624,154 @@ impl Collective for TcpGroup {
     }
 }
 
+/// Where a learner process sits in its group: from `--rank`, `--world-size`, `--rendezvous`, or
+/// else the launchers' variables (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`,
+/// `MASTER_PORT` as torchrun sets them; Slurm's `SLURM_PROCID`, `SLURM_NTASKS`,
+/// `SLURM_LOCALID` under `srun`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupSpec {
+    /// This process's rank.
+    pub rank: usize,
+    /// Number of ranks.
+    pub world: usize,
+    /// Rank within this node (picks the device of `cuda`), when known.
+    pub local_rank: Option<usize>,
+    /// `HOST:PORT` where rank 0 listens (unused with one rank).
+    pub rendezvous: String,
+}
+
+/// The flags of a learner process that place it in a group (`None`: not given).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GroupFlags {
+    /// `--rank`.
+    pub rank: Option<usize>,
+    /// `--world-size`.
+    pub world_size: Option<usize>,
+    /// `--rendezvous HOST:PORT`.
+    pub rendezvous: Option<String>,
+}
+
+impl GroupSpec {
+    /// The group of this process from `flags`, else from the environment `env` (a lookup such
+    /// as `|k| std::env::var(k).ok()`). Without flags or launcher variables the process is
+    /// alone (rank 0 of 1). Every inconsistency is an error naming the flag or variable.
+    pub fn resolve(
+        flags: &GroupFlags,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> std::result::Result<GroupSpec, String> {
+        let num = |name: &str| -> std::result::Result<Option<usize>, String> {
+            match env(name) {
+                None => Ok(None),
+                Some(v) => v
+                    .trim()
+                    .parse()
+                    .map(Some)
+                    .map_err(|_| format!("{name}={v:?} is not a number")),
+            }
+        };
+        // Flags first, then torchrun's variables, then Slurm's.
+        let (rank, rank_from) = match (flags.rank, num("RANK")?, num("SLURM_PROCID")?) {
+            (Some(r), ..) => (Some(r), "--rank"),
+            (None, Some(r), _) => (Some(r), "RANK"),
+            (None, None, Some(r)) => (Some(r), "SLURM_PROCID"),
+            _ => (None, "--rank"),
+        };
+        let (world, world_from) = match (flags.world_size, num("WORLD_SIZE")?, num("SLURM_NTASKS")?)
+        {
+            (Some(w), ..) => (Some(w), "--world-size"),
+            (None, Some(w), _) => (Some(w), "WORLD_SIZE"),
+            (None, None, Some(w)) => (Some(w), "SLURM_NTASKS"),
+            _ => (None, "--world-size"),
+        };
+        let local_rank = match (num("LOCAL_RANK")?, num("SLURM_LOCALID")?) {
+            (Some(l), _) | (None, Some(l)) => Some(l),
+            _ => None,
+        };
+        let (rank, world) = match (rank, world) {
+            (None, None) => (0, 1),
+            (Some(r), Some(w)) => (r, w),
+            (Some(_), None) => {
+                return Err(format!(
+                    "{rank_from} is given but not the world size (--world-size or WORLD_SIZE)"
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(format!(
+                    "{world_from} is given but not this process's rank (--rank or RANK)"
+                ))
+            }
+        };
+        if world == 0 {
+            return Err(format!("{world_from} must be at least 1"));
+        }
+        if rank >= world {
+            return Err(format!(
+                "{rank_from} {rank} is not a rank of a group of {world} ({world_from}): ranks are 0..{}",
+                world - 1
+            ));
+        }
+        let rendezvous = match (&flags.rendezvous, env("MASTER_ADDR"), env("MASTER_PORT")) {
+            (Some(r), ..) => r.clone(),
+            (None, Some(a), Some(p)) => format!("{a}:{p}"),
+            (None, Some(_), None) => return Err("MASTER_ADDR is set but not MASTER_PORT".into()),
+            (None, None, Some(_)) => return Err("MASTER_PORT is set but not MASTER_ADDR".into()),
+            (None, None, None) if world > 1 => {
+                return Err(format!(
+                    "a group of {world} ranks needs rank 0's address: --rendezvous HOST:PORT \
+                     (or MASTER_ADDR and MASTER_PORT)"
+                ))
+            }
+            (None, None, None) => String::new(),
+        };
+        if world > 1 {
+            let port_ok = rendezvous
+                .rsplit_once(':')
+                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
+            if !port_ok {
+                return Err(format!(
+                    "rendezvous {rendezvous:?} is not HOST:PORT (a port number 0-65535)"
+                ));
+            }
+        }
+        Ok(GroupSpec {
+            rank,
+            world,
+            local_rank,
+            rendezvous,
+        })
+    }
+
+    /// Joins the group: rank 0 listens at the rendezvous address and waits for the others;
+    /// the others connect to it. `config_hash` must be the same on every rank. One rank alone
+    /// gets [`Single`].
+    pub fn join(&self, config_hash: u64, timeout: Duration) -> Result<Box<dyn Collective>> {
+        if self.world == 1 {
+            return Ok(Box::new(Single));
+        }
+        if self.rank == 0 {
+            let rendezvous =
+                Rendezvous::bind(self.rendezvous.as_str()).map_err(|e| CollectiveError::Io {
+                    rank: 0,
+                    op: "rendezvous (listening)",
+                    source: e,
+                })?;
+            Ok(Box::new(rendezvous.accept(
+                self.world,
+                config_hash,
+                timeout,
+            )?))
+        } else {
+            Ok(Box::new(TcpGroup::connect(
+                self.rendezvous.as_str(),
+                self.rank,
+                self.world,
+                config_hash,
+                timeout,
+            )?))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

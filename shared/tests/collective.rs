@@ -232,3 +232,106 @@ fn ranks_calling_different_operations_fail_instead_of_mixing_buffers() {
     let e0 = results[0].as_ref().unwrap().as_ref().unwrap_err();
     assert!(e0.contains("different orders"), "{e0}");
 }
+
+/// Where a learner process sits: flags first, then torchrun's variables, then Slurm's; every
+/// inconsistency names the flag or variable.
+#[test]
+fn group_spec_from_flags_torchrun_and_slurm() {
+    use cascade_shared::collective::{GroupFlags, GroupSpec};
+    use std::collections::HashMap;
+    let env = |pairs: &[(&str, &str)]| {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k: &str| map.get(k).cloned()
+    };
+    let none = GroupFlags::default();
+    // Alone.
+    let alone = GroupSpec::resolve(&none, env(&[])).unwrap();
+    assert_eq!((alone.rank, alone.world), (0, 1));
+    // torchrun.
+    let t = GroupSpec::resolve(
+        &none,
+        env(&[
+            ("RANK", "3"),
+            ("WORLD_SIZE", "4"),
+            ("LOCAL_RANK", "1"),
+            ("MASTER_ADDR", "node7"),
+            ("MASTER_PORT", "29500"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(
+        t,
+        GroupSpec {
+            rank: 3,
+            world: 4,
+            local_rank: Some(1),
+            rendezvous: "node7:29500".into()
+        }
+    );
+    // Slurm (srun), the rendezvous from the flag.
+    let flags = GroupFlags {
+        rendezvous: Some("head:4000".into()),
+        ..GroupFlags::default()
+    };
+    let s = GroupSpec::resolve(
+        &flags,
+        env(&[
+            ("SLURM_PROCID", "5"),
+            ("SLURM_NTASKS", "8"),
+            ("SLURM_LOCALID", "5"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!((s.rank, s.world, s.local_rank), (5, 8, Some(5)));
+    assert_eq!(s.rendezvous, "head:4000");
+    // Flags win over the environment.
+    let flags = GroupFlags {
+        rank: Some(1),
+        world_size: Some(2),
+        rendezvous: Some("127.0.0.1:5000".into()),
+    };
+    let f = GroupSpec::resolve(&flags, env(&[("RANK", "0"), ("WORLD_SIZE", "9")])).unwrap();
+    assert_eq!((f.rank, f.world), (1, 2));
+    // Errors.
+    let err = |flags: &GroupFlags, pairs: &[(&str, &str)]| {
+        GroupSpec::resolve(flags, env(pairs)).unwrap_err()
+    };
+    let e = err(&none, &[("RANK", "1")]);
+    assert!(e.contains("RANK") && e.contains("world size"), "{e}");
+    let e = err(
+        &none,
+        &[
+            ("RANK", "4"),
+            ("WORLD_SIZE", "4"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "1"),
+        ],
+    );
+    assert!(e.contains("RANK 4") && e.contains("0..3"), "{e}");
+    let e = err(&none, &[("RANK", "x"), ("WORLD_SIZE", "4")]);
+    assert!(e.contains("RANK=\"x\""), "{e}");
+    let e = err(&none, &[("RANK", "0"), ("WORLD_SIZE", "2")]);
+    assert!(e.contains("--rendezvous"), "{e}");
+    let e = err(
+        &none,
+        &[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h")],
+    );
+    assert!(e.contains("MASTER_PORT"), "{e}");
+    let flags = GroupFlags {
+        rank: Some(0),
+        world_size: Some(2),
+        rendezvous: Some("nohost".into()),
+    };
+    let e = GroupSpec::resolve(&flags, env(&[])).unwrap_err();
+    assert!(e.contains("HOST:PORT"), "{e}");
+    let flags = GroupFlags {
+        rank: Some(0),
+        world_size: Some(0),
+        rendezvous: None,
+    };
+    let e = GroupSpec::resolve(&flags, env(&[])).unwrap_err();
+    assert!(e.contains("--world-size must be at least 1"), "{e}");
+}

@@ -6,7 +6,8 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use anyhow::Context;
-use cascade_learner::run::{run_learner, LearnerExit, LearnerOptions};
+use cascade_learner::run::{run_learner_in_group, LearnerExit, LearnerOptions};
+use cascade_shared::collective::{GroupFlags, GroupSpec};
 use cascade_shared::config::{ConfigArgs, LearnerArgs as LearnerKnobs};
 use cascade_shared::device::parse_device;
 use clap::Args;
@@ -35,11 +36,55 @@ pub struct LearnerCmdArgs {
     /// Stop (publishing a snapshot) after this many optimizer steps.
     #[arg(long)]
     pub max_steps: Option<u64>,
+    /// This process's rank in a learner group (else `RANK` or `SLURM_PROCID`; default 0).
+    #[arg(long)]
+    pub rank: Option<usize>,
+    /// Number of learner processes in the group (else `WORLD_SIZE` or `SLURM_NTASKS`;
+    /// default 1).
+    #[arg(long)]
+    pub world_size: Option<usize>,
+    /// `HOST:PORT` where rank 0 listens for the other ranks (else `MASTER_ADDR:MASTER_PORT`).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub rendezvous: Option<String>,
+    /// Seconds a rank waits for another in a collective (and for the group to gather at
+    /// start) before it stops with an error naming the rank.
+    #[arg(long, default_value_t = 300.0)]
+    pub group_timeout: f64,
+}
+
+/// FNV-1a of the config as every rank loaded it: ranks that loaded different configs refuse
+/// to form a group.
+fn config_hash(config: &cascade_shared::config::RunConfig) -> anyhow::Result<u64> {
+    let bytes = serde_json::to_vec(config).context("serialising the config")?;
+    Ok(bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100000001b3)
+    }))
 }
 
 /// Runs `cascade learner`.
 pub fn run(args: LearnerCmdArgs) -> anyhow::Result<i32> {
-    let device = parse_device(&args.device).map_err(|e| anyhow::anyhow!("--device: {e}"))?;
+    let spec = GroupSpec::resolve(
+        &GroupFlags {
+            rank: args.rank,
+            world_size: args.world_size,
+            rendezvous: args.rendezvous.clone(),
+        },
+        |k| std::env::var(k).ok(),
+    )
+    .map_err(|e| anyhow::anyhow!("learner group: {e}"))?;
+    if !(args.group_timeout.is_finite() && args.group_timeout > 0.0) {
+        anyhow::bail!(
+            "--group-timeout {} must be a positive number of seconds",
+            args.group_timeout
+        );
+    }
+    // `--device cuda` in a group: the device of this rank on its node.
+    let device_name = if args.device == "cuda" {
+        format!("cuda:{}", spec.local_rank.unwrap_or(0))
+    } else {
+        args.device.clone()
+    };
+    let device = parse_device(&device_name).map_err(|e| anyhow::anyhow!("--device: {e}"))?;
     let config = ConfigArgs {
         config: Some(args.config.clone()),
         set: args.set.clone(),
@@ -65,9 +110,33 @@ pub fn run(args: LearnerCmdArgs) -> anyhow::Result<i32> {
         resume: args.resume,
         max_steps: args.max_steps,
     };
-    let summary = run_learner(&opts, stop)?;
+    let group = spec
+        .join(
+            config_hash(&opts.config)?,
+            std::time::Duration::from_secs_f64(args.group_timeout),
+        )
+        .with_context(|| {
+            format!(
+                "rank {} of {} joining the learner group at {}",
+                spec.rank, spec.world, spec.rendezvous
+            )
+        })?;
+    if spec.world > 1 {
+        tracing::info!(
+            "learner rank {} of {} (rendezvous {})",
+            spec.rank,
+            spec.world,
+            spec.rendezvous
+        );
+    }
+    let summary = run_learner_in_group(&opts, stop, group)?;
     eprintln!(
-        "learner {}: {} steps, policy version {}, idle {:.1}s of {:.1}s",
+        "learner{} {}: {} steps, policy version {}, idle {:.1}s of {:.1}s",
+        if spec.world > 1 {
+            format!(" rank {} of {}", spec.rank, spec.world)
+        } else {
+            String::new()
+        },
         match summary.exit {
             LearnerExit::Completed => "completed",
             LearnerExit::Stopped => "stopped",
