@@ -500,11 +500,30 @@ fn final_weights(run_dir: &Path) -> Vec<u8> {
 
 #[test]
 fn on_policy_run_killed_and_resumed_ends_bit_identical_to_an_uninterrupted_one() {
+    on_policy_kill_and_resume(1, "learner");
+}
+
+/// The same with the learner as 2 processes (issue 17), killing rank 1: rank 0 stops with an
+/// error naming it, `cascade run` stops and says how to resume, and the resumed 2-rank run ends
+/// bit-identical to an uninterrupted 2-rank run.
+#[test]
+fn on_policy_two_rank_learner_killed_and_resumed_ends_bit_identical_to_an_uninterrupted_one() {
+    on_policy_kill_and_resume(2, "learner-1");
+}
+
+fn on_policy_kill_and_resume(ranks: usize, victim: &str) {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = on_policy_config(tmp.path());
+    let ranks_arg = ranks.to_string();
     let run = |dir: &Path| {
         cascade()
-            .args(["run", "--no-eval", "--config"])
+            .args([
+                "run",
+                "--no-eval",
+                "--learner-ranks",
+                &ranks_arg,
+                "--config",
+            ])
             .arg(&cfg)
             .arg("--run-dir")
             .arg(dir)
@@ -517,7 +536,13 @@ fn on_policy_run_killed_and_resumed_ends_bit_identical_to_an_uninterrupted_one()
     // The same run, with the learner SIGKILLed after its third step, then resumed.
     let b = tmp.path().join("b");
     let child = cascade()
-        .args(["run", "--no-eval", "--config"])
+        .args([
+            "run",
+            "--no-eval",
+            "--learner-ranks",
+            &ranks_arg,
+            "--config",
+        ])
         .arg(&cfg)
         .arg("--run-dir")
         .arg(&b)
@@ -530,14 +555,14 @@ fn on_policy_run_killed_and_resumed_ends_bit_identical_to_an_uninterrupted_one()
         assert!(Instant::now() < deadline, "no progress");
         std::thread::sleep(Duration::from_millis(20));
     }
-    kill(pid_of(&b, "learner").unwrap());
+    kill(pid_of(&b, victim).unwrap());
     let out = child.wait_with_output().unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("Resume with: cascade run --resume"), "{err}");
+    if ranks > 1 {
+        assert!(err.contains(victim), "{err}");
+    }
     let out = cascade()
         .args(["run", "--no-eval", "--resume"])
         .arg(&b)

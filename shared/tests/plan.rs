@@ -83,7 +83,7 @@ fn the_8b_recipe_on_one_h200_learner_does_not_fit_and_says_why() {
         learner
             .advice
             .iter()
-            .any(|a| a.contains("alone need") && a.contains("sharding")),
+            .any(|a| a.contains("alone need") && a.contains("devices.learner_ranks")),
         "{:?}",
         learner.advice
     );
@@ -218,4 +218,47 @@ fn an_rl_stage_with_sft_mix_counts_the_larger_of_its_grpo_and_sft_micro_batches(
     };
     assert_eq!(acts(&if_), acts(&math));
     assert!(acts(&rlhf) > acts(&if_));
+}
+
+/// Learner ranks (issue 17): one learner entry per rank on consecutive GPUs, each keeping the
+/// full weights and gradients but only its 1/W shard of the f32 master weights and moments.
+#[test]
+fn learner_ranks_shard_the_optimizer_state_in_the_plan() {
+    let mut cfg = config("qwen3-8b-base.toml");
+    cfg.devices.learner = Device::Cuda(4);
+    cfg.devices.actors =
+        vec![cascade_shared::config::DeviceSpec::try_from("cuda:0-3".to_string()).unwrap()];
+    cfg.devices.learner_ranks = Some(4);
+    cfg.validate().unwrap();
+    let gpus: Vec<(Device, u64)> = (0..8).map(|i| (Device::Cuda(i), H200)).collect();
+    let p = plan(&cfg, &qwen3_8b(), &BTreeMap::new(), &options(&gpus));
+    let params = 8_190_735_360u64;
+    let sft = &p.stages[0];
+    let ranks: Vec<_> = sft
+        .processes
+        .iter()
+        .filter(|q| q.process.starts_with("learner"))
+        .map(|q| (q.process.clone(), q.device))
+        .collect();
+    assert_eq!(
+        ranks,
+        (0..4)
+            .map(|r| (format!("learner rank {r}"), Device::Cuda(4 + r)))
+            .collect::<Vec<_>>()
+    );
+    let shard = params.div_ceil(4);
+    assert_eq!(item(&p, "sft-16k", "learner rank 2", "Adam"), 8 * shard);
+    assert_eq!(
+        item(&p, "sft-16k", "learner rank 2", "f32 master"),
+        4 * shard
+    );
+    assert_eq!(item(&p, "sft-16k", "learner rank 2", "weights"), 2 * params);
+    assert_eq!(
+        item(&p, "sft-16k", "learner rank 2", "gradient acc"),
+        4 * params
+    );
+    // A learner rank on an actor's GPU is refused.
+    cfg.devices.learner = Device::Cuda(3);
+    let e = cfg.validate().unwrap_err().to_string();
+    assert!(e.contains("learner rank 0") && e.contains("cuda:3"), "{e}");
 }

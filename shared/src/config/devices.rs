@@ -126,6 +126,11 @@ pub struct DevicesConfig {
     /// actors.
     #[serde(default)]
     pub num_actors: Option<usize>,
+    /// Number of learner processes working as one learner (issue 17): data-parallel with the
+    /// optimizer state sharded over them. On `cuda:N` rank `r` runs on `cuda:N+r`; on `cpu`
+    /// every rank runs on the CPU. Default 1.
+    #[serde(default)]
+    pub learner_ranks: Option<usize>,
 }
 
 impl Default for DevicesConfig {
@@ -134,6 +139,7 @@ impl Default for DevicesConfig {
             learner: default_learner(),
             actors: default_actors(),
             num_actors: None,
+            learner_ranks: None,
         }
     }
 }
@@ -154,7 +160,35 @@ impl DevicesConfig {
         (0..n).map(|i| devices[i % devices.len()]).collect()
     }
 
+    /// The device of each learner rank, rank 0 first.
+    pub fn learner_devices(&self) -> Vec<Device> {
+        let n = self.learner_ranks.unwrap_or(1);
+        (0..n)
+            .map(|r| match self.learner {
+                Device::Cuda(i) => Device::Cuda(i + r),
+                other => other,
+            })
+            .collect()
+    }
+
     pub(crate) fn validate(&self) -> Result<()> {
+        if self.learner_ranks == Some(0) {
+            return Err(invalid("devices.learner_ranks", "must be at least 1"));
+        }
+        // With several learner ranks, each GPU goes to one rank and to no actor.
+        let learners = if self.learner_ranks.is_some() {
+            self.learner_devices()
+        } else {
+            Vec::new()
+        };
+        for (r, d) in learners.iter().enumerate() {
+            if matches!(d, Device::Cuda(_)) && self.actor_devices().contains(d) {
+                return Err(invalid(
+                    "devices.learner_ranks",
+                    format!("learner rank {r} would run on {d}, which is also an actor device"),
+                ));
+            }
+        }
         if self.actors.is_empty() {
             return Err(invalid(
                 "devices.actors",
@@ -193,6 +227,7 @@ mod tests {
             learner: Device::Cuda(7),
             actors: vec![DeviceSpec::try_from("cuda:0-1".to_string()).unwrap()],
             num_actors: Some(3),
+            learner_ranks: None,
         };
         assert_eq!(
             cfg.actor_assignment(),

@@ -226,7 +226,7 @@ pub fn plan(
         .iter()
         .enumerate()
         .map(|(index, stage)| {
-            let mut processes = vec![learner_use(config, stage, model, &learner_mm, opts)];
+            let mut processes = learner_use(config, stage, model, &learner_mm, opts);
             let actors = config.devices.actor_assignment();
             if stage.kind != StageKind::Sft {
                 let rm = uses_reward_model(config, index).then(|| {
@@ -298,15 +298,42 @@ fn max_response(config: &RunConfig, stage: &StageConfig) -> usize {
     }
 }
 
+/// One entry per learner rank (the same use on each rank's device).
 fn learner_use(
     config: &RunConfig,
     stage: &StageConfig,
     model: &ModelConfig,
     mm: &MemoryModel,
     opts: &PlanOptions,
-) -> ProcessUse {
+) -> Vec<ProcessUse> {
+    let devices = config.devices.learner_devices();
+    let world = devices.len();
+    let one = learner_rank_use(config, stage, model, mm, opts, world);
+    devices
+        .into_iter()
+        .enumerate()
+        .map(|(rank, device)| ProcessUse {
+            process: if world == 1 {
+                "learner".into()
+            } else {
+                format!("learner rank {rank}")
+            },
+            device,
+            items: one.clone(),
+        })
+        .collect()
+}
+
+fn learner_rank_use(
+    config: &RunConfig,
+    stage: &StageConfig,
+    model: &ModelConfig,
+    mm: &MemoryModel,
+    opts: &PlanOptions,
+    world: usize,
+) -> Vec<Item> {
     let device = config.devices.learner;
-    let mut items = mm.learner_state();
+    let mut items = mm.learner_state(world as u64);
     if stage.kind != StageKind::Sft && stage.kl_coef > 0.0 {
         items.push(Item {
             what: format!(
@@ -340,11 +367,7 @@ fn learner_use(
         }
     }
     items.extend(activations);
-    ProcessUse {
-        process: "learner".into(),
-        device,
-        items,
-    }
+    items
 }
 
 fn actor_use(
@@ -422,7 +445,7 @@ fn advise(
             .sum()
     };
     for p in &on {
-        if p.process == "learner" {
+        if p.process.starts_with("learner") {
             let state: u64 = p
                 .items
                 .iter()
@@ -431,11 +454,12 @@ fn advise(
                 .sum();
             if state > usable {
                 advice.push(format!(
-                    "the learner's weights, gradients and optimizer state alone need {}: the \
-                     learner keeps all of them on its one device (sharding them over several \
-                     learner devices is not implemented yet); use a smaller model or a device \
-                     with more memory",
-                    format_bytes(state)
+                    "the learner's weights, gradients and optimizer state alone need {} on each \
+                     rank: more learner ranks (devices.learner_ranks, now {}) shard the f32 \
+                     master weights and Adam moments; a smaller model or a device with more \
+                     memory also helps",
+                    format_bytes(state),
+                    config.devices.learner_ranks.unwrap_or(1)
                 ));
             }
             let act = sum(p, "activations");

@@ -76,21 +76,29 @@ impl MemoryModel {
     /// weights, an f32 master copy when the model is not f32, the f32 moments `m` and `v`, the
     /// f32 gradient accumulator, and one micro-batch's gradients in the model's dtype while they
     /// are added to it.
-    pub fn learner_state(&self) -> Vec<Item> {
+    pub fn learner_state(&self, world: u64) -> Vec<Item> {
         let p = self.params;
+        // With several ranks each keeps the master and moments of its 1/world shard only.
+        let world = world.max(1);
+        let shard = p.div_ceil(world);
+        let of = if world > 1 {
+            format!(", this rank's 1/{world} shard")
+        } else {
+            String::new()
+        };
         let mut items = vec![Item {
             what: format!("weights ({}, {p} parameters)", self.dtype_name()),
             bytes: self.weights(),
         }];
         if self.b != 4 {
             items.push(Item {
-                what: "f32 master weights".into(),
-                bytes: 4 * p,
+                what: format!("f32 master weights{of}"),
+                bytes: 4 * shard,
             });
         }
         items.push(Item {
-            what: "Adam moments (f32 m and v)".into(),
-            bytes: 8 * p,
+            what: format!("Adam moments (f32 m and v{of})"),
+            bytes: 8 * shard,
         });
         items.push(Item {
             what: "gradient accumulator (f32)".into(),

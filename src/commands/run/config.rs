@@ -114,13 +114,19 @@ fn load_config(args: &RunArgs, run_dir: &Path, resuming: bool) -> Result<RunConf
         config.devices.learner =
             Device::parse(d).map_err(|e| ConfigProblem(format!("--learner-device: {e}")))?;
     }
+    if let Some(n) = args.learner_ranks {
+        if n == 0 {
+            return Err(ConfigProblem("--learner-ranks: must be at least 1".into()));
+        }
+        config.devices.learner_ranks = Some(n);
+    }
     if let Some(d) = &args.actor_devices {
         config.devices.actors = vec![DeviceSpec::try_from(d.clone())
             .map_err(|e| ConfigProblem(format!("--actor-devices: {e}")))?];
     }
     config.validate().map_err(|e| bad(&e))?;
     // Devices must exist in this build / on this machine.
-    let mut devices = vec![config.devices.learner];
+    let mut devices = config.devices.learner_devices();
     devices.extend(config.devices.actor_assignment());
     for d in devices {
         cascade_shared::device::parse_device(&d.to_string())

@@ -59,6 +59,10 @@ pub struct RunArgs {
     /// Learner device: `cpu` or `cuda:N`.
     #[arg(long)]
     pub learner_device: Option<String>,
+    /// Learner processes working as one learner (data-parallel, optimizer state sharded;
+    /// default `devices.learner_ranks` or 1). On `cuda:N` rank r uses `cuda:N+r`.
+    #[arg(long)]
+    pub learner_ranks: Option<usize>,
     /// Actor devices: `cpu`, `cuda:N` or a range `cuda:A-B` (actors are assigned round-robin).
     #[arg(long)]
     pub actor_devices: Option<String>,
@@ -114,10 +118,23 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         actors: Some(actors.len().into()),
         resume: Some(resuming),
     });
+    let learner_devices = config.devices.learner_devices();
     eprintln!(
         "cascade run: {} stages, learner on {}, {} actor(s), run directory {}",
         config.stages.len(),
-        config.devices.learner,
+        if learner_devices.len() == 1 {
+            config.devices.learner.to_string()
+        } else {
+            format!(
+                "{} ranks ({})",
+                learner_devices.len(),
+                learner_devices
+                    .iter()
+                    .map(|d| d.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        },
         actors.len(),
         run_dir.display()
     );
@@ -156,7 +173,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         metrics.record(&run_end("failed"));
         eprintln!(
             "error: the learner stopped ({status}); see {}. Resume with: cascade run --resume {}",
-            run_dir.join("logs").join("learner.log").display(),
+            run_dir.join("logs").join("learner*.log").display(),
             run_dir.display()
         );
         return Ok(1);

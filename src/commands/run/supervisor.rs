@@ -29,7 +29,8 @@ pub(super) struct Supervisor<'a> {
     run_dir: PathBuf,
     metrics: &'a MetricsLog,
     max_restarts: u32,
-    learner: Child,
+    /// The learner's ranks, rank 0 (named `learner`) first.
+    learners: Vec<Child>,
     actors: Vec<Child>,
 }
 
@@ -45,19 +46,53 @@ impl<'a> Supervisor<'a> {
     ) -> anyhow::Result<Self> {
         let config_arg = config_path.display().to_string();
         let run_dir_arg = run_dir.display().to_string();
-        let mut learner_args = vec![
-            "learner".to_string(),
-            "--run-dir".into(),
-            run_dir_arg.clone(),
-            "--config".into(),
-            config_arg.clone(),
-            "--device".into(),
-            config.devices.learner.to_string(),
-        ];
-        if run_dir.join("snapshots").join("LATEST").exists() {
-            learner_args.push("--resume".into());
-        }
-        let learner = Child::new("learner".into(), learner_args);
+        let resume = run_dir.join("snapshots").join("LATEST").exists();
+        let devices = config.devices.learner_devices();
+        let world = devices.len();
+        // Rank 0 listens on a free local port (the ranks of `cascade run` share this node).
+        let rendezvous = if world > 1 {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .context("finding a free port for the learner ranks' rendezvous")?
+                .port();
+            format!("127.0.0.1:{port}")
+        } else {
+            String::new()
+        };
+        let learners = devices
+            .iter()
+            .enumerate()
+            .map(|(rank, device)| {
+                let mut args = vec![
+                    "learner".to_string(),
+                    "--run-dir".into(),
+                    run_dir_arg.clone(),
+                    "--config".into(),
+                    config_arg.clone(),
+                    "--device".into(),
+                    device.to_string(),
+                ];
+                if resume {
+                    args.push("--resume".into());
+                }
+                if world > 1 {
+                    args.extend([
+                        "--rank".into(),
+                        rank.to_string(),
+                        "--world-size".into(),
+                        world.to_string(),
+                        "--rendezvous".into(),
+                        rendezvous.clone(),
+                    ]);
+                }
+                let name = if rank == 0 {
+                    "learner".to_string()
+                } else {
+                    format!("learner-{rank}")
+                };
+                Child::new(name, args)
+            })
+            .collect();
         let actors = config
             .devices
             .actor_assignment()
@@ -84,10 +119,12 @@ impl<'a> Supervisor<'a> {
             run_dir: run_dir.to_path_buf(),
             metrics,
             max_restarts,
-            learner,
+            learners,
             actors,
         };
-        supervisor.learner.spawn(run_dir, metrics)?;
+        for l in &mut supervisor.learners {
+            l.spawn(run_dir, metrics)?;
+        }
         for a in &mut supervisor.actors {
             a.spawn(run_dir, metrics)?;
         }
@@ -107,19 +144,13 @@ impl<'a> Supervisor<'a> {
             if stop.load(Ordering::Relaxed) {
                 progress.finish();
                 eprintln!("stopping: the learner publishes a final snapshot...");
-                let mut all: Vec<&mut Child> = vec![&mut self.learner];
+                let mut all: Vec<&mut Child> = self.learners.iter_mut().collect();
                 all.extend(self.actors.iter_mut());
                 stop_children(&mut all, Duration::from_secs(120), self.metrics);
                 return Ok(Outcome::Interrupted);
             }
-            if let Some(exit) = self.learner.poll() {
-                self.metrics
-                    .record(&exit.event("exit", &self.learner.name, self.learner.restarts));
-                return Ok(Outcome::LearnerExited(if exit.ok {
-                    Ok(())
-                } else {
-                    Err(exit.status)
-                }));
+            if let Some(result) = self.poll_learners() {
+                return Ok(Outcome::LearnerExited(result));
             }
             for a in &mut self.actors {
                 if a.done {
@@ -158,7 +189,7 @@ impl<'a> Supervisor<'a> {
                 // Every actor is gone and at least one gave up, so the RL stages are not
                 // finished (an actor exits on its own only past the last RL stage): the learner
                 // would wait forever for rollouts.
-                let mut all: Vec<&mut Child> = vec![&mut self.learner];
+                let mut all: Vec<&mut Child> = self.learners.iter_mut().collect();
                 stop_children(&mut all, Duration::from_secs(120), self.metrics);
                 progress.finish();
                 return Ok(Outcome::LearnerExited(Err(
@@ -167,6 +198,45 @@ impl<'a> Supervisor<'a> {
             }
             std::thread::sleep(Duration::from_millis(200));
         }
+    }
+
+    /// `Some` once the learner has ended: every rank completed (`Ok`), or one failed, in which
+    /// case the other ranks (which stop on their own within the group's timeout) are stopped
+    /// and the first failure is returned, naming the rank.
+    fn poll_learners(&mut self) -> Option<Result<(), String>> {
+        // Every rank that ended now, the ones killed by a signal first: when one rank dies the
+        // others fail after it, and the report should name the one that died.
+        let mut failed: Vec<(bool, String)> = Vec::new();
+        let many = self.learners.len() > 1;
+        for l in &mut self.learners {
+            if l.done {
+                continue;
+            }
+            if let Some(exit) = l.poll() {
+                self.metrics
+                    .record(&exit.event("exit", &l.name, l.restarts));
+                l.done = true;
+                if !exit.ok {
+                    let what = if many {
+                        format!("{}: {}", l.name, exit.status)
+                    } else {
+                        exit.status.clone()
+                    };
+                    failed.push((!exit.status.starts_with("killed"), what));
+                }
+            }
+        }
+        if failed.is_empty() {
+            return self.learners.iter().all(|l| l.done).then_some(Ok(()));
+        }
+        let mut rest: Vec<&mut Child> = self.learners.iter_mut().filter(|l| !l.done).collect();
+        stop_children(&mut rest, Duration::from_secs(60), self.metrics);
+        failed.sort();
+        Some(Err(failed
+            .into_iter()
+            .map(|(_, w)| w)
+            .collect::<Vec<_>>()
+            .join("; ")))
     }
 
     /// Stops the actors still running (SIGTERM, then SIGKILL after `grace`).
