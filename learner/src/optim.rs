@@ -242,13 +242,7 @@ impl AdamW {
     /// Adds one micro-batch's gradients to the running sum.
     pub fn accumulate(&mut self, grads: &GradStore) -> Result<()> {
         for p in &mut self.params {
-            if let Some(g) = grads.get(p.var.as_tensor()) {
-                let g = g.to_dtype(DType::F32)?;
-                p.grad = Some(match p.grad.take() {
-                    None => g,
-                    Some(sum) => (sum + g)?,
-                });
-            }
+            add_gradient(&mut p.grad, grads, &p.var)?;
         }
         Ok(())
     }
@@ -287,37 +281,16 @@ impl AdamW {
     /// [`LearnerError::TooManyNonFiniteSteps`].
     pub fn step(&mut self, lr: f64, loss: f64) -> Result<StepOutcome> {
         let grad_norm = self.grad_norm()?;
-        let skip = if !loss.is_finite() {
-            Some(SkipReason::NonFiniteLoss)
-        } else if !grad_norm.is_finite() {
-            Some(SkipReason::NonFiniteGradNorm)
-        } else {
-            None
-        };
-        if let Some(reason) = skip {
+        let mut counters = self.counters();
+        let skipped = guard_step(&self.cfg, &mut counters, loss, grad_norm);
+        (self.consecutive_skips, self.skipped_total) =
+            (counters.consecutive_skips, counters.skipped_total);
+        if !matches!(skipped, Ok(None)) {
             self.zero_grad();
-            self.consecutive_skips += 1;
-            self.skipped_total += 1;
-            tracing::warn!(
-                ?reason,
-                loss,
-                grad_norm,
-                consecutive = self.consecutive_skips,
-                "optimizer step skipped"
-            );
-            if self.consecutive_skips >= self.cfg.max_consecutive_skips {
-                return Err(LearnerError::TooManyNonFiniteSteps {
-                    consecutive: self.consecutive_skips,
-                    limit: self.cfg.max_consecutive_skips,
-                });
-            }
-            return Ok(StepOutcome::Skipped {
-                reason,
-                consecutive: self.consecutive_skips,
-            });
         }
-        self.consecutive_skips = 0;
-
+        if let Some(outcome) = skipped? {
+            return Ok(outcome);
+        }
         let clip = match self.cfg.max_grad_norm {
             Some(max) => (max / (grad_norm + 1e-6)).min(1.0),
             None => 1.0,
@@ -427,6 +400,56 @@ impl OptimizerState for AdamW {
     fn save(&self, path: &Path) -> Result<FileDigest> {
         AdamW::save(self, path)
     }
+}
+
+/// Adds `var`'s gradient in `grads` (as f32) to the running sum in `slot`.
+pub(crate) fn add_gradient(slot: &mut Option<Tensor>, grads: &GradStore, var: &Var) -> Result<()> {
+    if let Some(g) = grads.get(var.as_tensor()) {
+        let g = g.to_dtype(DType::F32)?;
+        *slot = Some(match slot.take() {
+            None => g,
+            Some(sum) => (sum + g)?,
+        });
+    }
+    Ok(())
+}
+
+/// The NaN/inf guard of a step: `Ok(Some(Skipped))` for a non-finite loss or gradient norm
+/// (counted), [`LearnerError::TooManyNonFiniteSteps`] after `max_consecutive_skips` in a row,
+/// `Ok(None)` (the run of skips reset) when the step may go ahead.
+pub(crate) fn guard_step(
+    cfg: &AdamWConfig,
+    counters: &mut Counters,
+    loss: f64,
+    grad_norm: f64,
+) -> Result<Option<StepOutcome>> {
+    let reason = if !loss.is_finite() {
+        SkipReason::NonFiniteLoss
+    } else if !grad_norm.is_finite() {
+        SkipReason::NonFiniteGradNorm
+    } else {
+        counters.consecutive_skips = 0;
+        return Ok(None);
+    };
+    counters.consecutive_skips += 1;
+    counters.skipped_total += 1;
+    tracing::warn!(
+        ?reason,
+        loss,
+        grad_norm,
+        consecutive = counters.consecutive_skips,
+        "optimizer step skipped"
+    );
+    if counters.consecutive_skips >= cfg.max_consecutive_skips {
+        return Err(LearnerError::TooManyNonFiniteSteps {
+            consecutive: counters.consecutive_skips,
+            limit: cfg.max_consecutive_skips,
+        });
+    }
+    Ok(Some(StepOutcome::Skipped {
+        reason,
+        consecutive: counters.consecutive_skips,
+    }))
 }
 
 /// Where the gradients of a backward pass go: summed into an optimizer's accumulator.

@@ -31,7 +31,8 @@ use cascade_shared::collective::{shard_range, Collective};
 
 use crate::error::{LearnerError, Result};
 use crate::optim::{
-    AdamWConfig, Counters, GradientSink, OptimizerFile, OptimizerImage, SkipReason, StepOutcome,
+    add_gradient, guard_step, AdamWConfig, Counters, GradientSink, OptimizerFile, OptimizerImage,
+    StepOutcome,
 };
 
 /// One trained tensor and where it lies in the flat vector.
@@ -158,13 +159,7 @@ impl ShardedAdamW {
     /// Adds one micro-batch's gradients to this rank's running sum.
     pub fn accumulate(&mut self, grads: &GradStore) -> Result<()> {
         for p in &mut self.params {
-            if let Some(g) = grads.get(p.var.as_tensor()) {
-                let g = g.to_dtype(DType::F32)?;
-                p.grad = Some(match p.grad.take() {
-                    None => g,
-                    Some(sum) => (sum + g)?,
-                });
-            }
+            add_gradient(&mut p.grad, grads, &p.var)?;
         }
         Ok(())
     }
@@ -202,35 +197,9 @@ impl ShardedAdamW {
         reduced[self.params.len()] = sq as f32;
         group.all_reduce_sum(&mut reduced)?;
         let grad_norm = f64::from(reduced[self.params.len()]).sqrt();
-        let skip = if !loss.is_finite() {
-            Some(SkipReason::NonFiniteLoss)
-        } else if !grad_norm.is_finite() {
-            Some(SkipReason::NonFiniteGradNorm)
-        } else {
-            None
-        };
-        if let Some(reason) = skip {
-            self.counters.consecutive_skips += 1;
-            self.counters.skipped_total += 1;
-            tracing::warn!(
-                ?reason,
-                loss,
-                grad_norm,
-                consecutive = self.counters.consecutive_skips,
-                "optimizer step skipped"
-            );
-            if self.counters.consecutive_skips >= self.cfg.max_consecutive_skips {
-                return Err(LearnerError::TooManyNonFiniteSteps {
-                    consecutive: self.counters.consecutive_skips,
-                    limit: self.cfg.max_consecutive_skips,
-                });
-            }
-            return Ok(StepOutcome::Skipped {
-                reason,
-                consecutive: self.counters.consecutive_skips,
-            });
+        if let Some(outcome) = guard_step(&self.cfg, &mut self.counters, loss, grad_norm)? {
+            return Ok(outcome);
         }
-        self.counters.consecutive_skips = 0;
         let clip = match self.cfg.max_grad_norm {
             Some(max) => (max / (grad_norm + 1e-6)).min(1.0),
             None => 1.0,
