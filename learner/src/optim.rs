@@ -390,6 +390,41 @@ impl AdamW {
     }
 }
 
+impl AdamW {
+    /// Restores the state from the shard files of a learner group's save (`files[r]` written
+    /// by rank `r`, see [`crate::zero`]), assembled whole.
+    pub fn load_shards(&mut self, files: &[std::path::PathBuf]) -> Result<()> {
+        let layout: crate::zero::Layout = self
+            .params
+            .iter()
+            .map(|p| (p.name.clone(), p.var.elem_count()))
+            .collect();
+        let set = crate::zero::ShardSet::open(files, &layout)?;
+        let total = layout.iter().map(|(_, n)| n).sum();
+        let [master, exp_avg, exp_avg_sq] = set.read_range(0..total)?;
+        let mut offset = 0;
+        for p in &mut self.params {
+            let range = offset..offset + p.var.elem_count();
+            offset = range.end;
+            let device = p.var.device().clone();
+            let piece = |v: &[f32]| Tensor::from_slice(&v[range.clone()], p.var.shape(), &device);
+            p.exp_avg = piece(&exp_avg)?;
+            p.exp_avg_sq = piece(&exp_avg_sq)?;
+            if p.master.is_some() {
+                let m = piece(&master)?;
+                p.var.set(&m.to_dtype(p.var.dtype())?)?;
+                p.master = Some(m);
+            }
+            p.steps = set.param_steps(&p.name)?;
+            p.grad = None;
+        }
+        self.step = set.counters.step;
+        self.consecutive_skips = set.counters.consecutive_skips;
+        self.skipped_total = set.counters.skipped_total;
+        Ok(())
+    }
+}
+
 impl GradientSink for AdamW {
     fn accumulate(&mut self, grads: &GradStore) -> Result<()> {
         AdamW::accumulate(self, grads)

@@ -23,7 +23,7 @@ use std::path::Path;
 
 use candle_core::{Device, Tensor};
 use candle_nn::VarMap;
-use cascade_shared::snapshot::durable::{fsync_dir, replace_file, AtomicDir};
+use cascade_shared::snapshot::durable::{fsync_dir, replace_file, AtomicDir, FileDigest};
 use cascade_shared::snapshot::layout::MANIFEST_FORMAT;
 use cascade_shared::snapshot::tensors::write_safetensors;
 use cascade_shared::snapshot::{
@@ -58,6 +58,19 @@ pub struct SnapshotInput<'a> {
 /// Publishes snapshot `version` under `snapshots_dir` (created if missing) and points `LATEST`
 /// at it. Refuses to overwrite an existing `vNNNNNN/`: a published snapshot is never rewritten.
 pub fn publish(snapshots_dir: &Path, version: u64, input: &SnapshotInput) -> Result<SnapshotInfo> {
+    publish_with(snapshots_dir, version, input, |_| Ok(Vec::new()))
+}
+
+/// [`publish`], with more files in the snapshot: `write_more` is called with the temporary
+/// directory once it exists (other processes may write into it meanwhile: a learner group's
+/// optimizer shards, see [`shard_tmp_dir`]) and returns the names and digests of the files
+/// written there, which the manifest then checksums like the others.
+pub fn publish_with(
+    snapshots_dir: &Path,
+    version: u64,
+    input: &SnapshotInput,
+    write_more: impl FnOnce(&Path) -> Result<Vec<(String, FileDigest)>>,
+) -> Result<SnapshotInfo> {
     for file in input.extra_files.iter().map(|(f, _)| *f) {
         let taken = [
             MODEL_FILE,
@@ -84,7 +97,12 @@ pub fn publish(snapshots_dir: &Path, version: u64, input: &SnapshotInput) -> Res
     if let Some(optimizer) = input.optimizer {
         let digest = optimizer.save(&dir.path(OPTIMIZER_FILE))?;
         files.insert(OPTIMIZER_FILE.to_string(), digest.into());
-    } else if input.state.stage_step > 0 {
+    }
+    for (file, digest) in write_more(&dir.path(""))? {
+        files.insert(file, digest.into());
+    }
+    let has_optimizer = files.keys().any(|f| f.starts_with("optimizer."));
+    if input.state.stage_step > 0 && !has_optimizer {
         return Err(LearnerError::InvalidSnapshotInput(format!(
             "snapshot v{version} is at stage step {} and needs the optimizer state",
             input.state.stage_step
@@ -126,6 +144,13 @@ pub fn publish(snapshots_dir: &Path, version: u64, input: &SnapshotInput) -> Res
         dir: final_dir,
         manifest,
     })
+}
+
+/// The temporary directory snapshot `version` is written in, before it is published: where the
+/// ranks of a learner group write their optimizer shards during [`publish_with`].
+pub fn shard_tmp_dir(snapshots_dir: &Path, version: u64) -> std::path::PathBuf {
+    AtomicDir::tmp_path(&snapshots_dir.join(version_dir_name(version)))
+        .expect("a version directory name is a plain file name")
 }
 
 /// Replaces `LATEST` atomically.

@@ -16,14 +16,19 @@
 //! 4. the updated master shards are **all-gathered** and every rank writes the result, cast to
 //!    the model's dtype, into its weights.
 //!
-//! The state is saved in the single-process format (`optimizer.safetensors`, see
-//! [`crate::optim::AdamW::save`]): the shards are gathered and rank 0 writes the file. Loading
-//! cuts a rank's shard out of that file, so a run saved by `W` ranks resumes with any number
-//! of ranks.
+//! The state is saved by every rank in parallel, each its own shard
+//! ([`ShardedAdamW::save_shard`]: `optimizer.rank-R-of-W.safetensors`, the flat f32 master
+//! weights and moments of its elements, with the layout and the counters in the metadata); no
+//! rank ever holds more than its shard. Loading ([`ShardedAdamW::load_shards`]) reads, through
+//! memory maps, only the pieces of the files that overlap the loading rank's shard, so a run
+//! saved by `W` ranks resumes with any number of ranks (the shards are re-cut), and
+//! [`crate::optim::AdamW::load_shards`] assembles them for a single process. The single-process
+//! file (`optimizer.safetensors`) loads too ([`ShardedAdamW::load`]), and
+//! [`ShardedAdamW::gather`] writes one.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var};
@@ -34,6 +39,8 @@ use crate::optim::{
     add_gradient, guard_step, AdamWConfig, Counters, GradientSink, OptimizerFile, OptimizerImage,
     StepOutcome,
 };
+use cascade_shared::snapshot::durable::FileDigest;
+use cascade_shared::snapshot::tensors::{read_safetensors_metadata, write_safetensors};
 
 /// One trained tensor and where it lies in the flat vector.
 struct FlatParam {
@@ -354,6 +361,247 @@ impl ShardedAdamW {
         self.master = master;
         self.counters = file.counters;
         Ok(())
+    }
+}
+
+/// `format` of a shard file's metadata.
+const SHARD_FORMAT: &str = "cascade-adamw-shard-1";
+
+/// The file rank `rank` of `world` writes its optimizer shard to, in a snapshot.
+pub fn shard_file_name(rank: usize, world: usize) -> String {
+    format!("optimizer.rank-{rank}-of-{world}.safetensors")
+}
+
+/// The flat layout of a parameter set: `(name, elements)` sorted by name.
+pub(crate) type Layout = Vec<(String, usize)>;
+
+impl ShardedAdamW {
+    fn layout(&self) -> Layout {
+        self.params
+            .iter()
+            .map(|p| (p.name.clone(), p.numel))
+            .collect()
+    }
+
+    /// Writes this rank's shard (every rank writes its own, in parallel): tensors `master`,
+    /// `exp_avg`, `exp_avg_sq` (f32, the elements of [`Self::shard`]); metadata: the rank, the
+    /// world size, the range, the layout of the flat vector, the counters.
+    pub fn save_shard(&self, path: &Path) -> Result<FileDigest> {
+        let dev = Device::Cpu;
+        let n = self.shard.len();
+        let tensors = vec![
+            (
+                "master".to_string(),
+                Tensor::from_slice(&self.master, n, &dev)?,
+            ),
+            (
+                "exp_avg".to_string(),
+                Tensor::from_slice(&self.exp_avg, n, &dev)?,
+            ),
+            (
+                "exp_avg_sq".to_string(),
+                Tensor::from_slice(&self.exp_avg_sq, n, &dev)?,
+            ),
+        ];
+        let param_steps: BTreeMap<&str, u64> = self
+            .params
+            .iter()
+            .map(|p| (p.name.as_str(), p.steps))
+            .collect();
+        let meta = BTreeMap::from([
+            ("format".to_string(), SHARD_FORMAT.to_string()),
+            ("rank".to_string(), self.rank.to_string()),
+            ("world".to_string(), self.world.to_string()),
+            ("start".to_string(), self.shard.start.to_string()),
+            ("end".to_string(), self.shard.end.to_string()),
+            ("total".to_string(), self.total.to_string()),
+            (
+                "layout".to_string(),
+                serde_json::to_string(&self.layout()).map_err(|e| LearnerError::json(path, e))?,
+            ),
+            (
+                "param_steps".to_string(),
+                serde_json::to_string(&param_steps).map_err(|e| LearnerError::json(path, e))?,
+            ),
+            ("step".to_string(), self.counters.step.to_string()),
+            (
+                "consecutive_skips".to_string(),
+                self.counters.consecutive_skips.to_string(),
+            ),
+            (
+                "skipped_total".to_string(),
+                self.counters.skipped_total.to_string(),
+            ),
+        ]);
+        Ok(write_safetensors(path, &tensors, &meta)?)
+    }
+
+    /// Restores this rank's shard from the shard files of a save by any number of ranks
+    /// (`files[r]` written by rank `r`), reading only the overlapping pieces.
+    pub fn load_shards(&mut self, files: &[PathBuf]) -> Result<()> {
+        let set = ShardSet::open(files, &self.layout())?;
+        let [master, exp_avg, exp_avg_sq] = set.read_range(self.shard.clone())?;
+        for p in &mut self.params {
+            p.steps = set.param_steps(&p.name)?;
+            p.grad = None;
+        }
+        // The weights already are the master cast to their dtype (a snapshot's model is).
+        self.master = master;
+        self.exp_avg = exp_avg;
+        self.exp_avg_sq = exp_avg_sq;
+        self.counters = set.counters;
+        Ok(())
+    }
+}
+
+/// The shard files of one save, checked against each other and against a parameter layout.
+pub(crate) struct ShardSet {
+    files: Vec<(PathBuf, Range<usize>)>,
+    param_steps: BTreeMap<String, u64>,
+    pub(crate) counters: Counters,
+}
+
+impl ShardSet {
+    /// Opens `files` (rank order) and checks: the format, each file's rank and world size, that
+    /// the ranges tile the flat vector, and that the layout is `layout`. Errors name the file.
+    pub(crate) fn open(files: &[PathBuf], layout: &Layout) -> Result<Self> {
+        if files.is_empty() {
+            return Err(LearnerError::OptimizerMismatch(
+                "no optimizer shard files".into(),
+            ));
+        }
+        let total: usize = layout.iter().map(|(_, n)| n).sum();
+        let mut out = Vec::with_capacity(files.len());
+        let mut first: Option<(BTreeMap<String, u64>, Counters)> = None;
+        let mut end = 0usize;
+        for (rank, path) in files.iter().enumerate() {
+            let meta = read_safetensors_metadata(path)?;
+            let bad = |reason: String| LearnerError::Safetensors {
+                path: path.clone(),
+                reason,
+            };
+            if meta.get("format").map(String::as_str) != Some(SHARD_FORMAT) {
+                return Err(bad(format!(
+                    "format {:?}, expected {SHARD_FORMAT}",
+                    meta.get("format")
+                )));
+            }
+            let num = |key: &str| -> Result<u64> {
+                meta.get(key)
+                    .and_then(|v| v.parse().ok())
+                    .ok_or_else(|| bad(format!("metadata {key} missing or not a number")))
+            };
+            if num("rank")? != rank as u64 || num("world")? != files.len() as u64 {
+                return Err(bad(format!(
+                    "written by rank {} of {}, read as rank {rank} of {}",
+                    num("rank")?,
+                    num("world")?,
+                    files.len()
+                )));
+            }
+            let theirs: Layout = meta
+                .get("layout")
+                .and_then(|v| serde_json::from_str(v).ok())
+                .ok_or_else(|| bad("metadata layout missing or malformed".into()))?;
+            if &theirs != layout {
+                return Err(LearnerError::OptimizerMismatch(format!(
+                    "{}: the saved parameters ({} tensors, {} elements) are not the model's \
+                     ({} tensors, {total} elements)",
+                    path.display(),
+                    theirs.len(),
+                    theirs.iter().map(|(_, n)| n).sum::<usize>(),
+                    layout.len()
+                )));
+            }
+            let range = num("start")? as usize..num("end")? as usize;
+            if range.start != end || range.end < range.start || num("total")? as usize != total {
+                return Err(bad(format!(
+                    "holds elements {range:?} of {}; the shards before it end at {end}",
+                    num("total")?
+                )));
+            }
+            end = range.end;
+            if first.is_none() {
+                let steps: BTreeMap<String, u64> = meta
+                    .get("param_steps")
+                    .and_then(|v| serde_json::from_str(v).ok())
+                    .ok_or_else(|| bad("metadata param_steps missing or malformed".into()))?;
+                let counters = Counters {
+                    step: num("step")?,
+                    consecutive_skips: num("consecutive_skips")? as u32,
+                    skipped_total: num("skipped_total")?,
+                };
+                first = Some((steps, counters));
+            }
+            out.push((path.clone(), range));
+        }
+        if end != total {
+            return Err(LearnerError::OptimizerMismatch(format!(
+                "the {} shard files hold elements 0..{end} of {total}",
+                files.len()
+            )));
+        }
+        let (param_steps, counters) = first.expect("at least one file");
+        Ok(ShardSet {
+            files: out,
+            param_steps,
+            counters,
+        })
+    }
+
+    /// The update count of parameter `name`.
+    pub(crate) fn param_steps(&self, name: &str) -> Result<u64> {
+        self.param_steps.get(name).copied().ok_or_else(|| {
+            LearnerError::OptimizerMismatch(format!("no step count for {name} in the shards"))
+        })
+    }
+
+    /// `[master, exp_avg, exp_avg_sq]` of the flat elements `want`, read from the files that
+    /// overlap it.
+    pub(crate) fn read_range(&self, want: Range<usize>) -> Result<[Vec<f32>; 3]> {
+        let mut out: [Vec<f32>; 3] = std::array::from_fn(|_| Vec::with_capacity(want.len()));
+        for (path, range) in &self.files {
+            let part = overlap(range, &want);
+            if part.is_empty() {
+                continue;
+            }
+            let io = |e: std::io::Error| LearnerError::io(path, e);
+            let file = std::fs::File::open(path).map_err(io)?;
+            // SAFETY: the file is a published snapshot's, which is never written again; the map
+            // is read-only and dropped before this function returns.
+            let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+            let st = safetensors::SafeTensors::deserialize(&map).map_err(|e| {
+                LearnerError::Safetensors {
+                    path: path.clone(),
+                    reason: e.to_string(),
+                }
+            })?;
+            let local = part.start - range.start..part.end - range.start;
+            for (i, key) in ["master", "exp_avg", "exp_avg_sq"].iter().enumerate() {
+                let view = st.tensor(key).map_err(|e| LearnerError::Safetensors {
+                    path: path.clone(),
+                    reason: format!("{key}: {e}"),
+                })?;
+                if view.dtype() != safetensors::Dtype::F32 || view.shape() != [range.len()] {
+                    return Err(LearnerError::Safetensors {
+                        path: path.clone(),
+                        reason: format!(
+                            "{key} is {:?} {:?}, expected F32 [{}]",
+                            view.dtype(),
+                            view.shape(),
+                            range.len()
+                        ),
+                    });
+                }
+                let bytes = &view.data()[local.start * 4..local.end * 4];
+                out[i].extend(
+                    bytes
+                        .chunks_exact(4)
+                        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+                );
+            }
+        }
+        Ok(out)
     }
 }
 

@@ -314,18 +314,35 @@ fn two_and_three_ranks_train_the_weights_of_one() -> Result<()> {
             assert!(diff <= tol, "version {version}, {world} ranks: {diff:e}");
         }
     }
-    // Rank 0 alone wrote the metrics and the snapshots; the optimizer state of a mid-stage
-    // snapshot (gathered from every shard) is the full single-process file.
+    // Rank 0 alone wrote the metrics and the snapshots; inside a stage every rank wrote its
+    // optimizer shard (f32 master, m, v of its third of the elements) into the snapshot, and
+    // the three shards assemble into a single-process AdamW.
     let mid = runs[2]
         .join("snapshots")
         .join(version_dir_name(SFT_STEPS + 2));
-    let opt = candle_core::safetensors::load(mid.join("optimizer.safetensors"), &Device::Cpu)?;
+    assert!(!mid.join("optimizer.safetensors").exists());
+    let shards: Vec<PathBuf> = (0..3)
+        .map(|r| mid.join(cascade_learner::zero::shard_file_name(r, 3)))
+        .collect();
+    let manifest = std::fs::read_to_string(mid.join("manifest.json"))?;
     let model = weights(&runs[2], SFT_STEPS + 2);
-    for name in model.keys() {
-        for kind in ["exp_avg", "exp_avg_sq"] {
-            assert_eq!(opt[&format!("{kind}.{name}")].dims(), model[name].dims());
-        }
+    let params: usize = model.values().map(|t| t.elem_count()).sum();
+    for s in &shards {
+        let name = s.file_name().unwrap().to_str().unwrap();
+        assert!(manifest.contains(name), "{name} not in the manifest");
+        let bytes = std::fs::metadata(s)?.len() as usize;
+        assert!(
+            bytes >= 12 * (params / 3) && bytes < 12 * (params / 3 + 1) + 4096,
+            "{bytes}"
+        );
     }
+    let vars: Vec<(String, candle_core::Var)> = model
+        .iter()
+        .map(|(k, t)| (k.clone(), candle_core::Var::from_tensor(t).unwrap()))
+        .collect();
+    let mut whole = cascade_learner::AdamW::new(vars, Default::default())?;
+    whole.load_shards(&shards)?;
+    assert_eq!(whole.steps(), 2);
     // Stage-final snapshots carry weights only (the next stage starts a fresh optimizer).
     let stage_end = runs[2].join("snapshots").join(version_dir_name(SFT_STEPS));
     assert!(!stage_end.join("optimizer.safetensors").exists());
@@ -333,7 +350,8 @@ fn two_and_three_ranks_train_the_weights_of_one() -> Result<()> {
 }
 
 /// A run stopped mid-stage by 2 ranks resumes with 2 (bit-identical to never stopping), with
-/// 3 and with 1 (the optimizer shards are re-cut from the saved state).
+/// 3 and with 1 (the optimizer shards are re-cut from the saved state; for 1, after one of the
+/// stop snapshot's shards was corrupted, from the checkpoint before it).
 #[test]
 fn a_run_checkpointed_by_two_ranks_resumes_with_one_two_or_three() -> Result<()> {
     let root = tempfile::tempdir()?;
@@ -350,7 +368,30 @@ fn a_run_checkpointed_by_two_ranks_resumes_with_one_two_or_three() -> Result<()>
             run_group(&dir, 2, false, Some(SFT_STEPS + 3)),
             LearnerExit::Stopped
         );
+        if world == 1 {
+            // A corrupt shard: the stop snapshot (v13) fails its checksums and the run resumes
+            // from the previous checkpoint (v12), redoing step 13 from the replay log.
+            let shard = dir
+                .join("snapshots")
+                .join(version_dir_name(SFT_STEPS + 3))
+                .join(cascade_learner::zero::shard_file_name(1, 2));
+            let mut bytes = std::fs::read(&shard)?;
+            let last = bytes.len() - 1;
+            bytes[last] ^= 0xff;
+            std::fs::write(&shard, bytes)?;
+        }
         assert_eq!(run_group(&dir, world, true, None), LearnerExit::Completed);
+        let resumed_at = std::fs::read_to_string(dir.join("metrics.jsonl"))?
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .find(|e| e["event"] == "resume")
+            .and_then(|e| e["policy_version"].as_u64());
+        let expected = if world == 1 {
+            SFT_STEPS + 2
+        } else {
+            SFT_STEPS + 3
+        };
+        assert_eq!(resumed_at, Some(expected), "{world} ranks");
         let diff = max_rel_diff(&reference, &weights(&dir, end));
         eprintln!("checkpointed by 2 ranks, resumed with {world}: weights within {diff:.3e} of the uninterrupted run");
         if world == 2 {

@@ -19,7 +19,7 @@
 //! every rank gathers with rank 0 (see [`ShardedAdamW::gather`]); a stage's step-0 snapshot
 //! (stage-final, initial) carries weights only.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use candle_core::backprop::GradStore;
 use cascade_shared::collective::{shard_range, Collective};
@@ -28,8 +28,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{LearnerError, Result};
 use crate::grpo::GrpoStats;
-use crate::optim::{AdamW, GradientSink, OptimizerState, StepOutcome};
+use crate::optim::{AdamW, GradientSink, StepOutcome};
+use crate::zero::shard_file_name;
 use crate::zero::ShardedAdamW;
+use cascade_shared::snapshot::OPTIMIZER_FILE;
 
 /// What rank 0 tells the other ranks before each step.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -190,25 +192,85 @@ impl TrainOptimizer {
         }
     }
 
-    pub(super) fn load(&mut self, path: &Path) -> Result<()> {
-        match self {
-            TrainOptimizer::Local(o) => o.load(path),
-            TrainOptimizer::Sharded(o) => o.load(path),
+    /// Restores the state saved in a snapshot, by one process or by a group of any size.
+    pub(super) fn load(&mut self, files: &OptimizerFiles) -> Result<()> {
+        match (self, files) {
+            (TrainOptimizer::Local(o), OptimizerFiles::Single(path)) => o.load(path),
+            (TrainOptimizer::Local(o), OptimizerFiles::Shards(paths)) => o.load_shards(paths),
+            (TrainOptimizer::Sharded(o), OptimizerFiles::Single(path)) => o.load(path),
+            (TrainOptimizer::Sharded(o), OptimizerFiles::Shards(paths)) => o.load_shards(paths),
         }
     }
+}
 
-    /// What rank 0 writes as `optimizer.safetensors`; every rank must call it (a sharded state
-    /// is gathered). `None` on the other ranks.
-    pub(super) fn state_to_save<'a>(
-        &'a self,
-        group: &mut dyn Collective,
-        gathered: &'a mut Option<crate::optim::OptimizerImage>,
-    ) -> Result<Option<&'a dyn OptimizerState>> {
-        match self {
-            TrainOptimizer::Local(o) => Ok(Some(o)),
-            TrainOptimizer::Sharded(o) => {
-                *gathered = o.gather(group)?;
-                Ok(gathered.as_ref().map(|g| g as &dyn OptimizerState))
+/// Where a snapshot keeps its optimizer state.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum OptimizerFiles {
+    /// `optimizer.safetensors`, written by one process.
+    Single(PathBuf),
+    /// `optimizer.rank-R-of-W.safetensors` for R in 0..W, written by a group of W ranks.
+    Shards(Vec<PathBuf>),
+}
+
+impl OptimizerFiles {
+    /// The optimizer files listed in snapshot `dir`'s manifest (`files`); an error names a
+    /// missing shard or a mix of layouts.
+    pub(super) fn of_snapshot<'f>(
+        dir: &Path,
+        files: impl Iterator<Item = &'f String>,
+    ) -> Result<Option<OptimizerFiles>> {
+        let mut single = false;
+        let mut shards: Vec<(usize, usize)> = Vec::new();
+        for f in files {
+            if f == OPTIMIZER_FILE {
+                single = true;
+            } else if let Some(rest) = f
+                .strip_prefix("optimizer.rank-")
+                .and_then(|r| r.strip_suffix(".safetensors"))
+            {
+                let parsed = rest
+                    .split_once("-of-")
+                    .and_then(|(r, w)| Some((r.parse().ok()?, w.parse().ok()?)));
+                match parsed {
+                    Some(rw) => shards.push(rw),
+                    None => {
+                        return Err(LearnerError::State(format!(
+                            "{}: optimizer file {f} is not named optimizer.rank-R-of-W.safetensors",
+                            dir.display()
+                        )))
+                    }
+                }
+            }
+        }
+        match (single, shards.is_empty()) {
+            (false, true) => Ok(None),
+            (true, true) => Ok(Some(OptimizerFiles::Single(dir.join(OPTIMIZER_FILE)))),
+            (true, false) => Err(LearnerError::State(format!(
+                "{} holds both {OPTIMIZER_FILE} and optimizer shards",
+                dir.display()
+            ))),
+            (false, false) => {
+                let world = shards[0].1;
+                for rank in 0..world {
+                    if !shards.contains(&(rank, world)) {
+                        return Err(LearnerError::State(format!(
+                            "{} lacks the optimizer shard {}",
+                            dir.display(),
+                            shard_file_name(rank, world)
+                        )));
+                    }
+                }
+                if shards.len() != world {
+                    return Err(LearnerError::State(format!(
+                        "{} holds optimizer shards of different group sizes",
+                        dir.display()
+                    )));
+                }
+                Ok(Some(OptimizerFiles::Shards(
+                    (0..world)
+                        .map(|r| dir.join(shard_file_name(r, world)))
+                        .collect(),
+                )))
             }
         }
     }

@@ -8,14 +8,23 @@ use cascade_shared::snapshot::TOKENIZER_CONFIG_FILE;
 use cascade_shared::transport::RolloutSource;
 
 use super::start::serialise_position;
+use std::path::Path;
+
+use cascade_shared::collective::Collective;
+use cascade_shared::snapshot::durable::FileDigest;
+
+use super::group::{all_gather_f64, TrainOptimizer};
 use super::Learner;
 use crate::error::{LearnerError, Result};
+use crate::optim::OptimizerState;
 use crate::snapshot::{self, SnapshotInput};
+use crate::zero::{shard_file_name, ShardedAdamW};
 
 impl<S: RolloutSource> Learner<'_, S> {
     /// Publishes the current state as snapshot `policy_version` (unless already published),
     /// commits the replay position it covers, and applies retention. In a group every rank
-    /// calls it at the same points (a sharded optimizer state is gathered) and rank 0 writes.
+    /// calls it at the same points: rank 0 writes the snapshot, and every rank writes its own
+    /// optimizer shard into it, in parallel.
     pub(super) fn publish(&mut self, stage_final: bool) -> Result<()> {
         let version = self.state.policy_version;
         if self.published == Some(version) {
@@ -24,17 +33,22 @@ impl<S: RolloutSource> Learner<'_, S> {
         let started = Instant::now();
         // Inside a stage the snapshot carries the optimizer state; at a stage's step 0 the next
         // step starts a fresh optimizer, so the snapshot is weights only.
-        let mut gathered = None;
-        let optimizer = if self.state.stage_step > 0 {
-            self.optimizer
-                .state_to_save(self.group.as_mut(), &mut gathered)?
-        } else {
-            None
+        let inside = self.state.stage_step > 0;
+        let shards = match &self.optimizer {
+            TrainOptimizer::Sharded(o) if inside => Some(o),
+            _ => None,
         };
         if !self.leads() {
+            if let Some(o) = shards {
+                write_shards(self.group.as_mut(), o, &self.snapshots, version)?;
+            }
             self.published = Some(version);
             return Ok(());
         }
+        let optimizer: Option<&dyn OptimizerState> = match &self.optimizer {
+            TrainOptimizer::Local(o) if inside => Some(o),
+            _ => None,
+        };
         self.state.replay_cursors = serialise_position(&self.consumed)?;
         let model = self.policy.named_tensors();
         let torch_dtype = match self.policy.model.dtype() {
@@ -50,8 +64,10 @@ impl<S: RolloutSource> Learner<'_, S> {
             .as_deref()
             .map(|b| vec![(TOKENIZER_CONFIG_FILE, b)])
             .unwrap_or_default();
-        snapshot::publish(
-            &self.snapshots,
+        let group = self.group.as_mut();
+        let snapshots = &self.snapshots;
+        snapshot::publish_with(
+            snapshots,
             version,
             &SnapshotInput {
                 model: &model,
@@ -61,6 +77,10 @@ impl<S: RolloutSource> Learner<'_, S> {
                 tokenizer_json: &self.tokenizer.tokenizer_json,
                 extra_files: &extra,
                 stage_final,
+            },
+            |_| match shards {
+                Some(o) => write_shards(group, o, snapshots, version),
+                None => Ok(Vec::new()),
             },
         )?;
         self.published = Some(version);
@@ -78,4 +98,34 @@ impl<S: RolloutSource> Learner<'_, S> {
         });
         Ok(())
     }
+}
+
+/// Every rank writes its optimizer shard into snapshot `version`'s temporary directory (rank 0
+/// has created it and says so with a broadcast), and rank 0 gets every shard's name and digest
+/// for the manifest (the other ranks get them too, and drop them).
+fn write_shards(
+    group: &mut dyn Collective,
+    optimizer: &ShardedAdamW,
+    snapshots: &Path,
+    version: u64,
+) -> Result<Vec<(String, FileDigest)>> {
+    let mut ready = [1u8];
+    group.broadcast(&mut ready, 0)?;
+    let (rank, world) = (group.rank(), group.world_size());
+    let dir = snapshot::shard_tmp_dir(snapshots, version);
+    let digest = optimizer.save_shard(&dir.join(shard_file_name(rank, world)))?;
+    let all = all_gather_f64(group, &[digest.bytes as f64, f64::from(digest.crc32c)])?;
+    Ok(all
+        .iter()
+        .enumerate()
+        .map(|(r, d)| {
+            (
+                shard_file_name(r, world),
+                FileDigest {
+                    bytes: d[0] as u64,
+                    crc32c: d[1] as u32,
+                },
+            )
+        })
+        .collect())
 }

@@ -20,7 +20,7 @@ use cascade_shared::snapshot::{
 };
 use cascade_shared::transport::{ReplaySource, RolloutSource};
 
-use super::group::TrainOptimizer;
+use super::group::{OptimizerFiles, TrainOptimizer};
 use super::settings::adamw_config;
 use super::{Learner, LearnerOptions};
 use crate::error::{LearnerError, Result};
@@ -114,7 +114,7 @@ struct Origin {
     tokenizer: TokenizerFiles,
     state: LearnerState,
     /// The optimizer moments to restore (a stage resumed mid-way).
-    optimizer_file: Option<PathBuf>,
+    optimizer_file: Option<OptimizerFiles>,
 }
 
 /// The run's initial model (its tokenizer materialised in `RUN_DIR/tokenizer/` for a random
@@ -155,14 +155,16 @@ fn resumed(opts: &LearnerOptions, dir: &Path) -> Result<Origin> {
     // Inside a stage the optimizer state is part of the snapshot; at a stage's step 0 the
     // stage starts with a fresh optimizer and the snapshot may carry weights only.
     let optimizer_file = if loaded.state.stage_step > 0 {
-        if !loaded.info.manifest.files.contains_key(OPTIMIZER_FILE) {
+        let files = OptimizerFiles::of_snapshot(dir, loaded.info.manifest.files.keys())?;
+        if files.is_none() {
             return Err(LearnerError::State(format!(
-                "snapshot {} is at stage step {} but has no {OPTIMIZER_FILE}",
+                "snapshot {} is at stage step {} but has no optimizer state ({OPTIMIZER_FILE} \
+                 or optimizer.rank-R-of-W.safetensors)",
                 dir.display(),
                 loaded.state.stage_step
             )));
         }
-        Some(dir.join(OPTIMIZER_FILE))
+        files
     } else {
         None
     };

@@ -126,6 +126,7 @@ impl AtomicDir {
         let parent = target.parent().unwrap_or(Path::new("."));
         fs::create_dir_all(parent).map_err(|e| SnapshotError::io(parent, e))?;
         let tmp = parent.join(format!("{name}.tmp"));
+        debug_assert_eq!(Some(&tmp), Self::tmp_path(target).as_ref());
         if tmp.exists() {
             fs::remove_dir_all(&tmp).map_err(|e| SnapshotError::io(&tmp, e))?;
         }
@@ -134,6 +135,18 @@ impl AtomicDir {
             tmp,
             target: target.to_path_buf(),
         })
+    }
+
+    /// Where the directory `target` is written before [`AtomicDir::commit`] (`NAME.tmp`
+    /// beside it): other processes that contribute files find it here.
+    pub fn tmp_path(target: &Path) -> Option<PathBuf> {
+        let name = target.file_name()?.to_str()?;
+        Some(
+            target
+                .parent()
+                .unwrap_or(Path::new("."))
+                .join(format!("{name}.tmp")),
+        )
     }
 
     /// Path of `file` inside the directory being written.
