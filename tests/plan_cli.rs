@@ -28,7 +28,7 @@ fn the_tiny_default_fits_and_exits_0() {
 }
 
 #[test]
-fn the_8b_recipe_on_h200s_does_not_fit_and_exits_2() {
+fn the_8b_recipe_fits_on_8_h200s_with_4_learner_ranks_and_not_with_one() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::copy(
         format!("{ROOT}/tests/fixtures/plan/qwen3-8b-config.json"),
@@ -46,10 +46,29 @@ fn the_8b_recipe_on_h200s_does_not_fit_and_exits_2() {
         "141GB",
     ]);
     let t = text(&out);
-    assert_eq!(out.status.code(), Some(2), "{t}");
+    assert_eq!(out.status.code(), Some(0), "{t}");
     assert!(t.contains("8190735360 parameters"), "{t}");
+    assert!(t.contains("learner rank 3 on cuda:7"), "{t}");
+    assert!(!t.contains("DOES NOT FIT"), "{t}");
+    // One learner process alone does not fit: exit 2, and the advice names the knob.
+    let out = cascade(&[
+        "plan",
+        "--config",
+        "configs/qwen3-8b-base.toml",
+        "--set",
+        &set,
+        "--set",
+        "devices.learner_ranks=1",
+        "--device-memory",
+        "141GB",
+    ]);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{t}");
     assert!(t.contains("stage sft-16k: DOES NOT FIT"), "{t}");
-    assert!(t.contains("alone need"), "{t}");
+    assert!(
+        t.contains("alone need") && t.contains("devices.learner_ranks"),
+        "{t}"
+    );
 }
 
 #[test]

@@ -5,8 +5,10 @@
 //! the two Adam moments of those elements only (12 bytes per owned parameter instead of 12 per
 //! parameter). One step:
 //!
-//! 1. the gradients each rank accumulated over its micro-batches are flattened and
-//!    **reduce-scattered**: each rank receives the sum over ranks of its shard;
+//! 1. each micro-batch's gradients are flattened and **reduce-scattered** as soon as backward
+//!    has produced them ([`ShardedAdamW::flush`], through a [`GroupSink`]): each rank adds the
+//!    sum over ranks of its shard to an f32 shard accumulator, so no rank holds a full f32
+//!    gradient sum (ZeRO-2);
 //! 2. the squared norm of each shard is **all-reduced** (with the per-parameter "received a
 //!    gradient" flags): every rank has the global norm, so clipping and the NaN/inf guard decide
 //!    the same on every rank without a host read per tensor;
@@ -72,6 +74,11 @@ pub struct ShardedAdamW {
     master: Vec<f32>,
     exp_avg: Vec<f32>,
     exp_avg_sq: Vec<f32>,
+    /// The group's gradient summed so far this step, this rank's shard of it (ZeRO-2: each
+    /// micro-batch's gradients are reduce-scattered by [`ShardedAdamW::flush`]).
+    grad_shard: Option<Vec<f32>>,
+    /// Which parameters received a gradient this step on this rank.
+    got: Vec<bool>,
     counters: Counters,
 }
 
@@ -125,6 +132,7 @@ impl ShardedAdamW {
             .collect();
         let total = offset;
         let shard = shard_range(total, rank, world);
+        let n_params = params.len();
         let mut master = Vec::with_capacity(shard.len());
         for p in &params {
             let part = overlap(&p.range(), &shard);
@@ -144,6 +152,8 @@ impl ShardedAdamW {
             exp_avg_sq: vec![0.0; shard.len()],
             master,
             shard,
+            grad_shard: None,
+            got: vec![false; n_params],
             counters: Counters::default(),
         })
     }
@@ -176,6 +186,31 @@ impl ShardedAdamW {
         for p in &mut self.params {
             p.grad = None;
         }
+        self.grad_shard = None;
+        self.got.iter_mut().for_each(|g| *g = false);
+    }
+
+    /// Reduce-scatters the gradients accumulated since the last flush into this rank's shard
+    /// of the step's gradient, and frees them (ZeRO-2: between micro-batches a rank holds
+    /// one micro-batch's gradients and a 1/W shard of the sum, not a full f32 accumulator).
+    /// Every rank must call it the same number of times per step (see [`GroupSink`]).
+    pub fn flush(&mut self, group: &mut dyn Collective) -> Result<()> {
+        self.check_group(group)?;
+        let mut flat = vec![0f32; self.total];
+        for (i, p) in self.params.iter_mut().enumerate() {
+            if let Some(g) = p.grad.take() {
+                flat[p.range()].copy_from_slice(&flat_f32(&g)?);
+                self.got[i] = true;
+            }
+        }
+        let mut part = vec![0f32; self.shard.len()];
+        group.reduce_scatter_sum(&flat, &mut part)?;
+        drop(flat);
+        match &mut self.grad_shard {
+            None => self.grad_shard = Some(part),
+            Some(acc) => acc.iter_mut().zip(&part).for_each(|(a, b)| *a += b),
+        }
+        Ok(())
     }
 
     /// One AdamW step over the group: every rank calls it with the same `lr` and the same
@@ -184,18 +219,16 @@ impl ShardedAdamW {
     /// [`LearnerError::TooManyNonFiniteSteps`] after too many in a row.
     pub fn step(&mut self, lr: f64, loss: f64, group: &mut dyn Collective) -> Result<StepOutcome> {
         self.check_group(group)?;
-        // 1. Flat local gradient, and which parameters received one.
-        let mut flat = vec![0f32; self.total];
+        // 1. The group's gradient, this rank's shard: what the flushes summed, plus what is still
+        // accumulated here (every rank flushes once more, so the counts match); and which
+        // parameters received a gradient on any rank.
+        self.flush(group)?;
+        let shard_grad = self.grad_shard.take().unwrap_or_default();
         let mut reduced = vec![0f32; self.params.len() + 1];
-        for (i, p) in self.params.iter_mut().enumerate() {
-            if let Some(g) = p.grad.take() {
-                flat[p.range()].copy_from_slice(&flat_f32(&g)?);
-                reduced[i] = 1.0;
-            }
+        for (i, got) in self.got.iter_mut().enumerate() {
+            reduced[i] = f32::from(u8::from(*got));
+            *got = false;
         }
-        let mut shard_grad = vec![0f32; self.shard.len()];
-        group.reduce_scatter_sum(&flat, &mut shard_grad)?;
-        drop(flat);
         // 2. Global squared norm (rank-order sum of the shards' f64 sums, carried in f32).
         let sq: f64 = shard_grad
             .iter()
@@ -608,5 +641,45 @@ impl ShardSet {
 impl GradientSink for ShardedAdamW {
     fn accumulate(&mut self, grads: &GradStore) -> Result<()> {
         ShardedAdamW::accumulate(self, grads)
+    }
+}
+
+/// The gradient sink of one rank's share of a step: each micro-batch's gradients are
+/// reduce-scattered as soon as they are accumulated ([`ShardedAdamW::flush`]), and
+/// [`GroupSink::finish`] adds empty flushes up to the largest share, so that every rank calls
+/// the collective as often as the others.
+pub struct GroupSink<'a> {
+    optimizer: &'a mut ShardedAdamW,
+    group: &'a mut dyn Collective,
+    flushes: usize,
+}
+
+impl<'a> GroupSink<'a> {
+    /// A sink for `optimizer` over `group`.
+    pub fn new(optimizer: &'a mut ShardedAdamW, group: &'a mut dyn Collective) -> Self {
+        GroupSink {
+            optimizer,
+            group,
+            flushes: 0,
+        }
+    }
+
+    /// Flushes until `micro_batches` flushes were made: the largest number of micro-batches
+    /// any rank runs in this phase of the step.
+    pub fn finish(mut self, micro_batches: usize) -> Result<()> {
+        while self.flushes < micro_batches {
+            self.optimizer.flush(self.group)?;
+            self.flushes += 1;
+        }
+        Ok(())
+    }
+}
+
+impl GradientSink for GroupSink<'_> {
+    fn accumulate(&mut self, grads: &GradStore) -> Result<()> {
+        self.optimizer.accumulate(grads)?;
+        self.optimizer.flush(self.group)?;
+        self.flushes += 1;
+        Ok(())
     }
 }

@@ -70,10 +70,13 @@ fn committed_configs_parse_and_validate() {
         kinds,
         ["sft", "sft", "rlhf", "if", "math", "math", "code", "swe"]
     );
-    assert_eq!(big.devices.learner, Device::Cuda(7));
+    assert_eq!(
+        big.devices.learner_devices(),
+        (4..8).map(Device::Cuda).collect::<Vec<_>>()
+    );
     assert_eq!(
         big.devices.actor_assignment(),
-        (0..7).map(Device::Cuda).collect::<Vec<_>>()
+        (0..4).map(Device::Cuda).collect::<Vec<_>>()
     );
     assert_eq!(big.stage("swe").unwrap().group_size, 16);
     assert_eq!(big.resolve("x"), configs().join("x"));

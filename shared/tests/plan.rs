@@ -55,7 +55,12 @@ fn qwen3_8b_has_its_published_parameter_count() {
 
 #[test]
 fn the_8b_recipe_on_one_h200_learner_does_not_fit_and_says_why() {
-    let cfg = config("qwen3-8b-base.toml");
+    // The recipe's config as it was before learner groups: one learner process on cuda:7.
+    let mut cfg = config("qwen3-8b-base.toml");
+    cfg.devices.learner = Device::Cuda(7);
+    cfg.devices.learner_ranks = None;
+    cfg.devices.actors =
+        vec![cascade_shared::config::DeviceSpec::try_from("cuda:0-6".to_string()).unwrap()];
     let gpus: Vec<(Device, u64)> = (0..8).map(|i| (Device::Cuda(i), H200)).collect();
     let p = plan(&cfg, &qwen3_8b(), &BTreeMap::new(), &options(&gpus));
     let params = 8_190_735_360u64;
@@ -97,7 +102,8 @@ fn the_8b_recipe_on_one_h200_learner_does_not_fit_and_says_why() {
 
 #[test]
 fn the_8b_actor_kv_cache_is_147_kb_per_token() {
-    let cfg = config("qwen3-8b-base.toml");
+    let mut cfg = config("qwen3-8b-base.toml");
+    cfg.actor.gen_batch = 64;
     let gpus: Vec<(Device, u64)> = (0..8).map(|i| (Device::Cuda(i), H200)).collect();
     let p = plan(&cfg, &qwen3_8b(), &BTreeMap::new(), &options(&gpus));
     // 36 layers × 8 kv heads × 128 × (k, v) × 2 bytes = 147 456 bytes per token (SCALE.md);
@@ -220,8 +226,27 @@ fn an_rl_stage_with_sft_mix_counts_the_larger_of_its_grpo_and_sft_micro_batches(
     assert!(acts(&rlhf) > acts(&if_));
 }
 
+/// The committed 8B config (4 learner ranks on cuda:4-7, 4 actors at gen_batch 8) fits every
+/// stage on 8 H200s, as its comments say.
+#[test]
+fn the_committed_8b_config_fits_eight_h200s() {
+    let cfg = config("qwen3-8b-base.toml");
+    let gpus: Vec<(Device, u64)> = (0..8).map(|i| (Device::Cuda(i), H200)).collect();
+    let p = plan(&cfg, &qwen3_8b(), &BTreeMap::new(), &options(&gpus));
+    assert!(p.fits(), "{}", p.render());
+    let gb = |stage: &str, process: &str| {
+        let s = p.stages.iter().find(|s| s.stage == stage).unwrap();
+        let q = s.processes.iter().find(|q| q.process == process).unwrap();
+        q.total() as f64 / 1e9
+    };
+    assert!((gb("sft-16k", "learner rank 0") - 85.9).abs() < 0.1);
+    assert!((gb("code", "learner rank 3") - 116.0).abs() < 1.0);
+    assert!((gb("code", "actor 0") - 128.0).abs() < 1.0);
+}
+
 /// Learner ranks (issue 17): one learner entry per rank on consecutive GPUs, each keeping the
-/// full weights and gradients but only its 1/W shard of the f32 master weights and moments.
+/// full weights and one micro-batch's gradients but only its 1/W shard of the f32 master
+/// weights, the moments and the gradient sum.
 #[test]
 fn learner_ranks_shard_the_optimizer_state_in_the_plan() {
     let mut cfg = config("qwen3-8b-base.toml");
@@ -255,7 +280,7 @@ fn learner_ranks_shard_the_optimizer_state_in_the_plan() {
     assert_eq!(item(&p, "sft-16k", "learner rank 2", "weights"), 2 * params);
     assert_eq!(
         item(&p, "sft-16k", "learner rank 2", "gradient acc"),
-        4 * params
+        4 * shard
     );
     // A learner rank on an actor's GPU is refused.
     cfg.devices.learner = Device::Cuda(3);

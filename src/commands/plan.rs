@@ -183,7 +183,7 @@ fn reward_models(config: &RunConfig) -> BTreeMap<usize, ModelConfig> {
 
 /// The memory of every device of the run: `given` for all, or queried.
 fn capacities(config: &RunConfig, given: Option<u64>) -> BTreeMap<Device, u64> {
-    let mut devices = vec![config.devices.learner];
+    let mut devices = config.devices.learner_devices();
     devices.extend(config.devices.actor_assignment());
     devices
         .into_iter()

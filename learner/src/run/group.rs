@@ -29,8 +29,8 @@ use serde::{Deserialize, Serialize};
 use crate::error::{LearnerError, Result};
 use crate::grpo::GrpoStats;
 use crate::optim::{AdamW, GradientSink, StepOutcome};
-use crate::zero::shard_file_name;
 use crate::zero::ShardedAdamW;
+use crate::zero::{shard_file_name, GroupSink};
 use cascade_shared::snapshot::OPTIMIZER_FILE;
 
 /// What rank 0 tells the other ranks before each step.
@@ -272,6 +272,28 @@ impl OptimizerFiles {
                         .collect(),
                 )))
             }
+        }
+    }
+}
+
+/// Runs `f` (one phase of a step: a rank's micro-batches, `n` in all over the group) with the
+/// gradient sink of this rank: the optimizer itself in one process; in a group, a
+/// [`GroupSink`] that reduce-scatters each micro-batch's gradients (ZeRO-2) and pads this
+/// rank's flushes to the largest share.
+pub(super) fn with_sink<T>(
+    optimizer: &mut TrainOptimizer,
+    group: &mut dyn Collective,
+    n: usize,
+    f: impl FnOnce(&mut dyn GradientSink) -> Result<T>,
+) -> Result<T> {
+    match optimizer {
+        TrainOptimizer::Local(o) => f(o),
+        TrainOptimizer::Sharded(o) => {
+            let largest = shard_range(n, 0, group.world_size()).len();
+            let mut sink = GroupSink::new(o, group);
+            let out = f(&mut sink)?;
+            sink.finish(largest)?;
+            Ok(out)
         }
     }
 }

@@ -77,15 +77,23 @@ impl<S: RolloutSource> Learner<'_, S> {
                 .with_token_budget(config.learner.token_budget)?;
             // This rank's micro-batches (all of them in one process); the statistics of all.
             let micro_batches = batch.micro_batch_ranges(config.learner.micro_batch).len();
-            let stats = accumulate_grpo_gradients_part(
-                &self.policy.model,
-                reference.as_ref(),
-                &batch,
-                config.learner.micro_batch,
-                group::my_part(self.group.as_ref(), micro_batches),
-                &grpo,
+            let part = group::my_part(self.group.as_ref(), micro_batches);
+            let stats = group::with_sink(
                 &mut self.optimizer,
-                &self.opts.device,
+                self.group.as_mut(),
+                micro_batches,
+                |sink| {
+                    accumulate_grpo_gradients_part(
+                        &self.policy.model,
+                        reference.as_ref(),
+                        &batch,
+                        config.learner.micro_batch,
+                        part,
+                        &grpo,
+                        sink,
+                        &self.opts.device,
+                    )
+                },
             )?;
             let stats = group::reduce_grpo_stats(self.group.as_mut(), &stats)?;
             // sft_mix: coef × the mean NLL of the next rows of SFT conversations, added to the
@@ -100,14 +108,22 @@ impl<S: RolloutSource> Learner<'_, S> {
                         self.group.rank(),
                         self.group.world_size(),
                     );
-                    let mut stats = accumulate_sft_gradients_part(
-                        &self.policy.model,
-                        &rows,
-                        config.learner.micro_batch,
-                        part,
+                    let chunks = rows.len().div_ceil(config.learner.micro_batch.max(1));
+                    let mut stats = group::with_sink(
                         &mut self.optimizer,
-                        &self.opts.device,
-                        mix.coef,
+                        self.group.as_mut(),
+                        chunks,
+                        |sink| {
+                            accumulate_sft_gradients_part(
+                                &self.policy.model,
+                                &rows,
+                                config.learner.micro_batch,
+                                part,
+                                sink,
+                                &self.opts.device,
+                                mix.coef,
+                            )
+                        },
                     )?;
                     stats.loss = group::sum_over_ranks(self.group.as_mut(), stats.loss)?;
                     Some((mix.coef, stats))

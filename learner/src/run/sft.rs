@@ -87,15 +87,19 @@ impl<S: RolloutSource> Learner<'_, S> {
                 self.group.rank(),
                 self.group.world_size(),
             );
-            let mut stats = accumulate_sft_gradients_part(
-                &self.policy.model,
-                &rows,
-                micro,
-                part,
-                &mut self.optimizer,
-                &self.opts.device,
-                1.0,
-            )?;
+            let chunks = rows.len().div_ceil(micro.max(1));
+            let mut stats =
+                group::with_sink(&mut self.optimizer, self.group.as_mut(), chunks, |sink| {
+                    accumulate_sft_gradients_part(
+                        &self.policy.model,
+                        &rows,
+                        micro,
+                        part,
+                        sink,
+                        &self.opts.device,
+                        1.0,
+                    )
+                })?;
             stats.loss = group::sum_over_ranks(self.group.as_mut(), stats.loss)?;
             let lr = schedule_lr.lr(self.state.stage_step);
             let outcome = self.optimizer.step(lr, stats.loss, self.group.as_mut())?;

@@ -100,9 +100,11 @@ impl MemoryModel {
             what: format!("Adam moments (f32 m and v{of})"),
             bytes: 8 * shard,
         });
+        // In a group each micro-batch's gradients are reduce-scattered at once (ZeRO-2): the
+        // f32 sum is kept for the rank's shard only.
         items.push(Item {
-            what: "gradient accumulator (f32)".into(),
-            bytes: 4 * p,
+            what: format!("gradient accumulator (f32{of})"),
+            bytes: 4 * shard,
         });
         items.push(Item {
             what: format!("one micro-batch's gradients ({})", self.dtype_name()),
