@@ -433,15 +433,18 @@ impl TcpGroup {
         }
     }
 
-    /// Rank 0: the sum of every rank's `mine`, added in rank order. Others: send theirs, `None`.
+    /// Rank 0: the sum of every rank's `mine`, added in rank order, one rank's buffer received
+    /// at a time (rank 0 holds the sum and one payload, not every rank's). Others: send
+    /// theirs, `None`.
     fn sum_at_root(&mut self, op: Op, mine: &[f32]) -> Result<Option<Vec<f32>>> {
-        let parts = self.gather(op, &to_bytes(mine))?;
         if self.rank != 0 {
+            self.send(0, op, &to_bytes(mine))?;
             return Ok(None);
         }
         let mut sum = mine.to_vec();
-        for part in &parts {
-            add_into(0, op.name(), &mut sum, part)?;
+        for i in 0..self.peers.len() {
+            let part = self.recv(i, op)?;
+            add_into(0, op.name(), &mut sum, &part)?;
         }
         Ok(Some(sum))
     }

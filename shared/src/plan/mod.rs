@@ -220,6 +220,13 @@ pub fn plan(
          and the learner's RL sequences grow with it",
         opts.prompt_tokens
     )];
+    if config.devices.learner_devices().len() > 1 && learner_device != Device::Cpu {
+        notes.push(
+            "learner group: the TCP collectives stage up to 12 bytes per parameter in host \
+             memory on rank 0 (8 on the others) at each flush; not counted on the GPUs"
+                .into(),
+        );
+    }
     let mut assumed_rm = false;
     let stages = config
         .stages
@@ -334,6 +341,15 @@ fn learner_rank_use(
 ) -> Vec<Item> {
     let device = config.devices.learner;
     let mut items = mm.learner_state(world as u64);
+    if world > 1 && device == Device::Cpu {
+        // The TCP collectives stage host buffers; on a GPU they are host memory (see the note).
+        items.push(Item {
+            what: "learner group: flat f32 gradient, rank 0's sum and one rank's buffer (TCP \
+                   collectives)"
+                .into(),
+            bytes: 12 * model.num_parameters() as u64,
+        });
+    }
     if stage.kind != StageKind::Sft && stage.kl_coef > 0.0 {
         items.push(Item {
             what: format!(

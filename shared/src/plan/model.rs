@@ -195,11 +195,14 @@ impl MemoryModel {
                 bytes: rows * t * t * (self.layers * self.unfused_pair_bytes() + 4),
             });
         }
+        // A chunk holds min(n, 2^24 / vocab) positions × the vocabulary
+        // (`crate::model::recompute::logits_chunk_rows`).
+        let chunk_rows = ((1u64 << 24) / self.vocab.max(1)).max(1).min(n);
         items.push(Item {
             what: format!(
-                "activations: LM head and log-probs in chunks of 2^24 logits, {rows} × {t} tokens"
+                "activations: LM head and log-probs in chunks of ≤ 2^24 logits, {rows} × {t} tokens"
             ),
-            bytes: n * (self.b * self.h + 8) + 3 * 4 * (1 << 24),
+            bytes: n * (self.b * self.h + 8) + 3 * 4 * chunk_rows * self.vocab,
         });
         items.push(Item {
             what: "activations: backward, one layer recomputed and its gradients in flight".into(),
