@@ -382,7 +382,17 @@ fn learner_rank_use(
                 .collect();
         }
     }
+    // The optimizer update runs after backward has freed the activations: the peak is the
+    // larger of the two, so only the update's excess over the activations is added.
+    let act_total: u64 = activations.iter().map(|i| i.bytes).sum();
+    let step = mm.optimizer_step_transient(world as u64);
     items.extend(activations);
+    if step > act_total {
+        items.push(Item {
+            what: "optimizer update: its temporaries beyond the activations (freed by then)".into(),
+            bytes: step - act_total,
+        });
+    }
     items
 }
 

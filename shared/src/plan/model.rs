@@ -53,6 +53,17 @@ impl MemoryModel {
         }
     }
 
+    /// The optimizer update's own transient memory: AdamW (one process) updates one tensor at a
+    /// time through tensor operations, with up to 6 f32 temporaries of that tensor alive
+    /// (measured 5.6 with `learner/examples/sft_step_memory.rs`); a group's sharded update runs
+    /// in place and only builds each updated tensor once. The largest tensor is the embedding
+    /// (or the LM head), `vocab × hidden`, or an MLP projection.
+    pub fn optimizer_step_transient(&self, world: u64) -> u64 {
+        let largest = (self.vocab * self.h).max(self.inter * self.h);
+        let copies = if world > 1 { 1 } else { 6 };
+        copies * 4 * largest
+    }
+
     /// The longest sequence the model takes (`max_position_embeddings`): no row is longer.
     pub fn max_len(&self) -> usize {
         self.max_len
