@@ -539,6 +539,63 @@ impl OptimizerState for OptimizerImage {
     }
 }
 
+/// The metadata of a saved optimizer state (a whole file or a shard), with errors that name
+/// the file.
+pub(crate) struct SavedMeta {
+    path: std::path::PathBuf,
+    map: BTreeMap<String, String>,
+}
+
+impl SavedMeta {
+    /// Reads `path`'s metadata and checks its `format` is `format`.
+    pub(crate) fn read(path: &Path, format: &str) -> Result<Self> {
+        let meta = SavedMeta {
+            path: path.to_path_buf(),
+            map: read_safetensors_metadata(path)?,
+        };
+        if meta.map.get("format").map(String::as_str) != Some(format) {
+            return Err(meta.bad(format!(
+                "format {:?}, expected {format}",
+                meta.map.get("format")
+            )));
+        }
+        Ok(meta)
+    }
+
+    /// An error about this file.
+    pub(crate) fn bad(&self, reason: String) -> LearnerError {
+        LearnerError::Safetensors {
+            path: self.path.clone(),
+            reason,
+        }
+    }
+
+    /// The number under `key`.
+    pub(crate) fn num(&self, key: &str) -> Result<u64> {
+        self.map
+            .get(key)
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| self.bad(format!("metadata {key} missing or not a number")))
+    }
+
+    /// The JSON value under `key`.
+    pub(crate) fn json<T: serde::de::DeserializeOwned>(&self, key: &str) -> Result<T> {
+        self.map
+            .get(key)
+            .and_then(|v| serde_json::from_str(v).ok())
+            .ok_or_else(|| self.bad(format!("metadata {key} missing or malformed")))
+    }
+
+    /// The step counters.
+    pub(crate) fn counters(&self) -> Result<Counters> {
+        Ok(Counters {
+            step: self.num("step")?,
+            consecutive_skips: self.num("consecutive_skips")? as u32,
+            skipped_total: self.num("skipped_total")?,
+        })
+    }
+}
+
 /// `optimizer.safetensors` read back: its tensors are taken one by one, and whatever is left
 /// at the end belongs to no parameter (an error).
 pub(crate) struct OptimizerFile {
@@ -550,36 +607,12 @@ pub(crate) struct OptimizerFile {
 
 impl OptimizerFile {
     pub(crate) fn read(path: &Path, device: &Device) -> Result<Self> {
-        let meta = read_safetensors_metadata(path)?;
-        let bad = |reason: String| LearnerError::Safetensors {
-            path: path.to_path_buf(),
-            reason,
-        };
-        if meta.get("format").map(String::as_str) != Some(OPTIMIZER_FORMAT) {
-            return Err(bad(format!(
-                "format {:?}, expected {OPTIMIZER_FORMAT}",
-                meta.get("format")
-            )));
-        }
-        let num = |key: &str| -> Result<u64> {
-            meta.get(key)
-                .and_then(|v| v.parse().ok())
-                .ok_or_else(|| bad(format!("metadata {key} missing or not a number")))
-        };
-        let counters = Counters {
-            step: num("step")?,
-            consecutive_skips: num("consecutive_skips")? as u32,
-            skipped_total: num("skipped_total")?,
-        };
-        let param_steps: BTreeMap<String, u64> = meta
-            .get("param_steps")
-            .and_then(|v| serde_json::from_str(v).ok())
-            .ok_or_else(|| bad("metadata param_steps missing or malformed".into()))?;
+        let meta = SavedMeta::read(path, OPTIMIZER_FORMAT)?;
         Ok(OptimizerFile {
             path: path.to_path_buf(),
             tensors: read_safetensors(path, device)?,
-            param_steps,
-            counters,
+            param_steps: meta.json("param_steps")?,
+            counters: meta.counters()?,
         })
     }
 

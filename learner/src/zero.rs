@@ -39,10 +39,10 @@ use cascade_shared::collective::{shard_range, Collective};
 use crate::error::{LearnerError, Result};
 use crate::optim::{
     add_gradient, guard_step, AdamWConfig, Counters, GradientSink, OptimizerFile, OptimizerImage,
-    StepOutcome,
+    SavedMeta, StepOutcome,
 };
 use cascade_shared::snapshot::durable::FileDigest;
-use cascade_shared::snapshot::tensors::{read_safetensors_metadata, write_safetensors};
+use cascade_shared::snapshot::tensors::write_safetensors;
 
 /// One trained tensor and where it lies in the flat vector.
 struct FlatParam {
@@ -508,34 +508,17 @@ impl ShardSet {
         let mut first: Option<(BTreeMap<String, u64>, Counters)> = None;
         let mut end = 0usize;
         for (rank, path) in files.iter().enumerate() {
-            let meta = read_safetensors_metadata(path)?;
-            let bad = |reason: String| LearnerError::Safetensors {
-                path: path.clone(),
-                reason,
-            };
-            if meta.get("format").map(String::as_str) != Some(SHARD_FORMAT) {
-                return Err(bad(format!(
-                    "format {:?}, expected {SHARD_FORMAT}",
-                    meta.get("format")
-                )));
-            }
-            let num = |key: &str| -> Result<u64> {
-                meta.get(key)
-                    .and_then(|v| v.parse().ok())
-                    .ok_or_else(|| bad(format!("metadata {key} missing or not a number")))
-            };
+            let meta = SavedMeta::read(path, SHARD_FORMAT)?;
+            let num = |key: &str| meta.num(key);
             if num("rank")? != rank as u64 || num("world")? != files.len() as u64 {
-                return Err(bad(format!(
+                return Err(meta.bad(format!(
                     "written by rank {} of {}, read as rank {rank} of {}",
                     num("rank")?,
                     num("world")?,
                     files.len()
                 )));
             }
-            let theirs: Layout = meta
-                .get("layout")
-                .and_then(|v| serde_json::from_str(v).ok())
-                .ok_or_else(|| bad("metadata layout missing or malformed".into()))?;
+            let theirs: Layout = meta.json("layout")?;
             if &theirs != layout {
                 return Err(LearnerError::OptimizerMismatch(format!(
                     "{}: the saved parameters ({} tensors, {} elements) are not the model's \
@@ -548,23 +531,14 @@ impl ShardSet {
             }
             let range = num("start")? as usize..num("end")? as usize;
             if range.start != end || range.end < range.start || num("total")? as usize != total {
-                return Err(bad(format!(
+                return Err(meta.bad(format!(
                     "holds elements {range:?} of {}; the shards before it end at {end}",
                     num("total")?
                 )));
             }
             end = range.end;
             if first.is_none() {
-                let steps: BTreeMap<String, u64> = meta
-                    .get("param_steps")
-                    .and_then(|v| serde_json::from_str(v).ok())
-                    .ok_or_else(|| bad("metadata param_steps missing or malformed".into()))?;
-                let counters = Counters {
-                    step: num("step")?,
-                    consecutive_skips: num("consecutive_skips")? as u32,
-                    skipped_total: num("skipped_total")?,
-                };
-                first = Some((steps, counters));
+                first = Some((meta.json("param_steps")?, meta.counters()?));
             }
             out.push((path.clone(), range));
         }

@@ -12,12 +12,13 @@
 //! cut them) are split into contiguous runs, one per rank ([`shard_range`]); each rank
 //! accumulates the gradients of its micro-batches with the whole batch's loss denominator, so
 //! the gradients of all ranks sum to the single-process gradient. The optimizer is
-//! [`ShardedAdamW`] (ZeRO: reduce-scatter, global-norm clip, sharded update, all-gather); with
-//! one rank it is the plain [`AdamW`].
+//! [`ShardedAdamW`] (ZeRO-2: each micro-batch's gradients reduce-scattered through a
+//! [`GroupSink`], global-norm clip, sharded update, all-gather); with one rank it is the plain
+//! [`AdamW`].
 //!
-//! Snapshots: rank 0 writes them; a snapshot inside a stage needs the optimizer state, which
-//! every rank gathers with rank 0 (see [`ShardedAdamW::gather`]); a stage's step-0 snapshot
-//! (stage-final, initial) carries weights only.
+//! Snapshots: rank 0 writes them; inside a stage every rank writes its own optimizer shard into
+//! the snapshot's temporary directory before rank 0 publishes it (`run/publish.rs`); a
+//! stage's step-0 snapshot (stage-final, initial) carries weights only.
 
 use std::path::{Path, PathBuf};
 
@@ -304,5 +305,55 @@ impl GradientSink for TrainOptimizer {
             TrainOptimizer::Local(o) => o.accumulate(grads),
             TrainOptimizer::Sharded(o) => o.accumulate(grads),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn files(names: &[&str]) -> Result<Option<OptimizerFiles>> {
+        let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+        OptimizerFiles::of_snapshot(Path::new("/s/v000007"), names.iter())
+    }
+
+    #[test]
+    fn the_optimizer_files_of_a_snapshot_are_one_file_or_every_rank_s_shard() {
+        assert_eq!(files(&["model.safetensors"]).unwrap(), None);
+        assert_eq!(
+            files(&["model.safetensors", "optimizer.safetensors"]).unwrap(),
+            Some(OptimizerFiles::Single(
+                "/s/v000007/optimizer.safetensors".into()
+            ))
+        );
+        let two = [
+            "optimizer.rank-1-of-2.safetensors",
+            "optimizer.rank-0-of-2.safetensors",
+        ];
+        assert_eq!(
+            files(&two).unwrap(),
+            Some(OptimizerFiles::Shards(vec![
+                "/s/v000007/optimizer.rank-0-of-2.safetensors".into(),
+                "/s/v000007/optimizer.rank-1-of-2.safetensors".into(),
+            ]))
+        );
+        let e = files(&[
+            "optimizer.rank-0-of-3.safetensors",
+            "optimizer.rank-2-of-3.safetensors",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("lacks the optimizer shard optimizer.rank-1-of-3"),
+            "{e}"
+        );
+        let e = files(&["optimizer.safetensors", two[0]])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("both"), "{e}");
+        let e = files(&["optimizer.rank-x-of-2.safetensors"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not named"), "{e}");
     }
 }
