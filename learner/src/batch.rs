@@ -113,6 +113,9 @@ pub struct MicroBatch {
     /// The sampling temperature of each row (every sample of a row has it): the policy's
     /// log-probs are computed at it.
     pub temperatures: Vec<f32>,
+    /// `(n)` u32: the positions of the flattened `(b, t - 1)` grid where `loss_mask` is 1, in
+    /// order: the only ones the LM head needs to run on.
+    pub selected: Tensor,
 }
 
 /// A GRPO batch: every sample of the given groups with its advantage, and how the samples are
@@ -400,7 +403,15 @@ impl GrpoBatch {
         } else {
             Tensor::from_vec(segments, (b, t), device)?
         };
+        let selected: Vec<u32> = loss_mask
+            .iter()
+            .enumerate()
+            .filter(|(_, &m)| m != 0.0)
+            .map(|(i, _)| i as u32)
+            .collect();
+        let n = selected.len();
         Ok(MicroBatch {
+            selected: Tensor::from_vec(selected, n, device)?,
             input_ids: Tensor::from_vec(ids, (b, t), device)?,
             attention_mask,
             loss_mask: Tensor::from_vec(loss_mask, (b, t - 1), device)?,

@@ -363,6 +363,7 @@ mod tests {
             advantages: Tensor::new(&[[0f32, adv]], &d).unwrap(),
             sample_tokens: Tensor::new(&[[0f32, 1.0]], &d).unwrap(),
             temperatures: vec![1.0],
+            selected: Tensor::new(&[1u32], &d).unwrap(),
         }
     }
 

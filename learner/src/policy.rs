@@ -34,6 +34,22 @@ pub trait PolicyModel {
             "this policy model computes log-probs at temperature 1 only".into(),
         ))
     }
+
+    /// [`PolicyModel::token_logprobs_at`] at the positions `selected` `(n)` u32 of the
+    /// flattened `(b, t - 1)` grid only (the ones that carry a loss), returned as `(n)` f32.
+    /// A model can run its LM head there alone; by default the full grid is computed and
+    /// gathered.
+    fn token_logprobs_at_selected(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        temperatures: &[f32],
+        selected: &Tensor,
+    ) -> candle_core::Result<Tensor> {
+        self.token_logprobs_at(input_ids, attention_mask, temperatures)?
+            .flatten_all()?
+            .index_select(selected, 0)
+    }
 }
 
 impl PolicyModel for cascade_shared::model::CausalLm {
@@ -57,6 +73,23 @@ impl PolicyModel for cascade_shared::model::CausalLm {
             input_ids,
             Some(attention_mask),
             temperatures,
+        )
+        .map_err(candle_core::Error::wrap)
+    }
+
+    fn token_logprobs_at_selected(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: &Tensor,
+        temperatures: &[f32],
+        selected: &Tensor,
+    ) -> candle_core::Result<Tensor> {
+        cascade_shared::model::CausalLm::token_logprobs_at_selected(
+            self,
+            input_ids,
+            Some(attention_mask),
+            temperatures,
+            selected,
         )
         .map_err(candle_core::Error::wrap)
     }

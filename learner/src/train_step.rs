@@ -2,7 +2,7 @@
 
 use std::ops::Range;
 
-use candle_core::Device;
+use candle_core::{DType, Device, Tensor};
 
 use crate::batch::GrpoBatch;
 use crate::error::{LearnerError, Result};
@@ -78,12 +78,30 @@ where
     })?;
     for range in mine.iter().cloned() {
         let mb = batch.micro_batch(range, device)?;
-        let logprobs =
-            policy.token_logprobs_at(&mb.input_ids, &mb.attention_mask, &mb.temperatures)?;
+        // The LM head runs at the trained positions only (not the prompts'); the log-probs
+        // go back onto the (b, t - 1) grid the loss works on (0 elsewhere, masked out).
+        let (b, t) = mb.input_ids.dims2()?;
+        let grid = |values: Tensor| -> Result<Tensor> {
+            let zeros = Tensor::zeros(b * (t - 1), DType::F32, values.device())?;
+            Ok(zeros
+                .index_add(&mb.selected, &values, 0)?
+                .reshape((b, t - 1))?)
+        };
+        let logprobs = grid(policy.token_logprobs_at_selected(
+            &mb.input_ids,
+            &mb.attention_mask,
+            &mb.temperatures,
+            &mb.selected,
+        )?)?;
         let ref_logprobs = match reference {
             Some(r) if cfg.kl_coef > 0.0 => Some(
-                r.token_logprobs_at(&mb.input_ids, &mb.attention_mask, &mb.temperatures)?
-                    .detach(),
+                grid(r.token_logprobs_at_selected(
+                    &mb.input_ids,
+                    &mb.attention_mask,
+                    &mb.temperatures,
+                    &mb.selected,
+                )?)?
+                .detach(),
             ),
             _ => None,
         };

@@ -325,3 +325,51 @@ fn a_sequence_longer_than_the_context_names_its_row() -> Result<()> {
     );
     Ok(())
 }
+
+/// The GRPO path (issue 16): the LM head at the trained positions only, each at its row's
+/// temperature, gives the full grid's tempered log-probs there, and their gradients.
+#[test]
+fn selected_positions_at_row_temperatures_match_the_full_tempered_grid() -> Result<()> {
+    let (model, params) = random_model(false, DType::F32)?;
+    let (ids, mask, w) = batch(300, 60, 9)?;
+    let b = ids.dim(0)?;
+    let temps: Vec<f32> = (0..b).map(|r| 0.6 + 0.3 * r as f32).collect();
+    let wv = w.flatten_all()?.to_vec1::<f32>()?;
+    let selected: Vec<u32> = (0..wv.len() as u32)
+        .filter(|&i| wv[i as usize] > 0.0)
+        .collect();
+    let sel = Tensor::new(selected.as_slice(), &Device::Cpu)?;
+    let mut m = model.clone();
+    m.set_logits_chunk_rows(Some(7));
+    let lp = m.token_logprobs_at_selected(&ids, Some(&mask), &temps, &sel)?;
+    let full = model
+        .token_logprobs_at(&ids, Some(&mask), &temps)?
+        .flatten_all()?
+        .index_select(&sel, 0)?;
+    assert!(relative(&lp, &full)? < 1e-5);
+    let g_sel = lp.sum_all()?.backward()?;
+    let g_full = full.sum_all()?.backward()?;
+    for (name, var) in &params.vars {
+        let r = relative(
+            g_sel.get(var.as_tensor()).context("gradient")?,
+            g_full.get(var.as_tensor()).context("gradient")?,
+        )?;
+        assert!(r < 1e-5, "{name}: {r}");
+    }
+    // Rows at temperature 1 take the untempered path; a bad temperature or position is refused.
+    let ones = vec![1.0; b];
+    let lp1 = model.token_logprobs_at_selected(&ids, Some(&mask), &ones, &sel)?;
+    let plain = model.token_logprobs_selected(&ids, Some(&mask), &sel)?;
+    assert!(relative(&lp1, &plain)? < 1e-6);
+    let mut bad = temps.clone();
+    bad[0] = 0.0;
+    assert!(model
+        .token_logprobs_at_selected(&ids, Some(&mask), &bad, &sel)
+        .is_err());
+    let t = ids.dim(1)?;
+    let outside = Tensor::new(&[(b * (t - 1)) as u32], &Device::Cpu)?;
+    assert!(model
+        .token_logprobs_at_selected(&ids, Some(&mask), &temps, &outside)
+        .is_err());
+    Ok(())
+}

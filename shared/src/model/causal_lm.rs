@@ -700,6 +700,58 @@ impl CausalLm {
         Ok(lp.squeeze(0)?)
     }
 
+    /// [`CausalLm::token_logprobs_at`] at selected positions only (see
+    /// [`CausalLm::token_logprobs_selected`]): the LM head runs on the positions that carry a
+    /// loss, each at its row's temperature. Returns `(n)` f32; differentiable.
+    pub fn token_logprobs_at_selected(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: Option<&Tensor>,
+        temperatures: &[f32],
+        selected: &Tensor,
+    ) -> Result<Tensor> {
+        let (b, t) = input_ids.dims2()?;
+        if temperatures.len() != b {
+            return Err(ModelError::Config(format!(
+                "{} temperatures for a batch of {b} rows",
+                temperatures.len()
+            )));
+        }
+        if let Some(bad) = temperatures.iter().find(|x| !(**x > 0.0 && x.is_finite())) {
+            return Err(ModelError::Config(format!(
+                "temperature {bad} is not a finite positive number"
+            )));
+        }
+        if temperatures.iter().all(|&x| x == 1.0) {
+            return self.token_logprobs_selected(input_ids, attention_mask, selected);
+        }
+        let s = t.saturating_sub(1).max(1);
+        let positions = selected.to_dtype(DType::U32)?.to_vec1::<u32>()?;
+        if let Some(&p) = positions.iter().find(|&&p| p as usize >= b * s) {
+            return Err(ModelError::Config(format!(
+                "selected position {p} outside the {b} × {s} next-token grid"
+            )));
+        }
+        let (hidden, targets) = self.next_token_hidden(input_ids, attention_mask)?;
+        let h = hidden.dim(2)?;
+        let hidden = hidden.reshape((b * s, h))?.index_select(selected, 0)?;
+        let targets = targets.reshape(b * s)?.index_select(selected, 0)?;
+        let inv: Vec<f32> = positions
+            .iter()
+            .map(|&p| 1.0 / temperatures[p as usize / s])
+            .collect();
+        let n = inv.len();
+        let inv = Tensor::from_vec(inv, n, &self.device)?;
+        Ok(chunked_logprobs(
+            &hidden,
+            &self.lm_head,
+            &targets,
+            Some(&inv),
+            self.logits_chunk_rows
+                .unwrap_or_else(|| logits_chunk_rows(self.cfg.vocab_size)),
+        )?)
+    }
+
     /// Hidden states `(b, t - 1, h)` at every position but the last, and the tokens they
     /// predict.
     fn next_token_hidden(
