@@ -742,14 +742,14 @@ impl CausalLm {
             .collect();
         let n = inv.len();
         let inv = Tensor::from_vec(inv, n, &self.device)?;
-        Ok(chunked_logprobs(
+        chunked_logprobs(
             &hidden,
             &self.lm_head,
             &targets,
             Some(&inv),
             self.logits_chunk_rows
                 .unwrap_or_else(|| logits_chunk_rows(self.cfg.vocab_size)),
-        )?)
+        )
     }
 
     /// Hidden states `(b, t - 1, h)` at every position but the last, and the tokens they
