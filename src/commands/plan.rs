@@ -72,17 +72,24 @@ pub fn run(args: PlanArgs) -> anyhow::Result<i32> {
         headroom: args.headroom,
     };
     let plan = plan(&config, &model, &reward_models(&config), &opts);
-    println!(
-        "cascade plan: {} parameters ({} layers, hidden {}, vocabulary {}); learner on {}, \
-         actors on {}",
+    let text = format!(
+        "cascade plan: {} parameters ({} layers, hidden {}, vocabulary {}); learner on {}; \
+         actors on {}\n{}",
         plan.parameters,
         model.num_hidden_layers,
         model.hidden_size,
         model.vocab_size,
-        config.devices.learner,
+        device_list(&config.devices.learner_devices()),
         device_list(&config.devices.actor_assignment()),
+        plan.render()
     );
-    print!("{}", plan.render());
+    // A reader that stops early (`cascade plan | head`) is not an error; the exit code still
+    // says whether the run fits.
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => return Err(e.into()),
+        _ => {}
+    }
     let unknown = plan.unknown_devices();
     if !unknown.is_empty() {
         eprintln!(
