@@ -176,6 +176,32 @@ fn resumed(opts: &LearnerOptions, dir: &Path) -> Result<Origin> {
     })
 }
 
+/// The optimizer of the stage `state` is in (its saved state restored when the snapshot was
+/// taken inside the stage) and the replay position `state` covers: what every rank rebuilds
+/// from a snapshot.
+fn restore_progress(
+    opts: &LearnerOptions,
+    policy: &Policy,
+    state: &LearnerState,
+    optimizer_file: Option<OptimizerFiles>,
+    group: &dyn Collective,
+) -> Result<(TrainOptimizer, <ReplaySource as RolloutSource>::Position)> {
+    let config = &opts.config;
+    // `RunConfig::validate` requires at least one stage.
+    let stage_cfg = config
+        .stages
+        .get(state.stage_index as usize)
+        .or(config.stages.last())
+        .expect("a validated run config has a stage");
+    let mut optimizer = policy.optimizer(stage_cfg, config.learner.max_bad_steps, group)?;
+    if let Some(file) = optimizer_file {
+        optimizer.load(&file)?;
+    }
+    let consumed = serde_json::from_value(state.replay_cursors.clone())
+        .map_err(|e| LearnerError::State(format!("snapshot replay position: {e}")))?;
+    Ok((optimizer, consumed))
+}
+
 /// A transport position as stored in `state.json`.
 pub(super) fn serialise_position<P: serde::Serialize>(position: &P) -> Result<serde_json::Value> {
     serde_json::to_value(position)
@@ -221,20 +247,8 @@ impl<'a> Learner<'a, ReplaySource> {
             optimizer_file,
         } = resumed(opts, &dir)?;
         let chat = Chat::from_dir(&tokenizer.dir)?;
-        let config = &opts.config;
-        let stage_cfg = config
-            .stages
-            .get(state.stage_index as usize)
-            .or(config.stages.last())
-            .expect("a validated run config has a stage");
-        let mut optimizer =
-            policy.optimizer(stage_cfg, config.learner.max_bad_steps, group.as_ref())?;
-        if let Some(file) = optimizer_file {
-            optimizer.load(&file)?;
-        }
-        let consumed: <ReplaySource as RolloutSource>::Position =
-            serde_json::from_value(state.replay_cursors.clone())
-                .map_err(|e| LearnerError::State(format!("snapshot replay position: {e}")))?;
+        let (optimizer, consumed) =
+            restore_progress(opts, &policy, &state, optimizer_file, group.as_ref())?;
         Ok(Learner {
             opts,
             metrics: MetricsLog::disabled(),
@@ -266,7 +280,6 @@ impl<'a> Learner<'a, ReplaySource> {
         group: &mut dyn Collective,
     ) -> Result<Self> {
         let started = Instant::now();
-        let config = &opts.config;
         let snapshots = opts.run_dir.join("snapshots");
         let origin = match crate::snapshot::latest_complete(&snapshots)? {
             Some(info) if !opts.resume => {
@@ -287,19 +300,7 @@ impl<'a> Learner<'a, ReplaySource> {
             optimizer_file,
         } = origin;
         let chat = Chat::from_dir(&tokenizer.dir)?;
-        // `RunConfig::validate` requires at least one stage.
-        let stage_cfg = config
-            .stages
-            .get(state.stage_index as usize)
-            .or(config.stages.last())
-            .expect("a validated run config has a stage");
-        let mut optimizer = policy.optimizer(stage_cfg, config.learner.max_bad_steps, group)?;
-        if let Some(file) = optimizer_file {
-            optimizer.load(&file)?;
-        }
-        let consumed: <ReplaySource as RolloutSource>::Position =
-            serde_json::from_value(state.replay_cursors.clone())
-                .map_err(|e| LearnerError::State(format!("snapshot replay position: {e}")))?;
+        let (optimizer, consumed) = restore_progress(opts, &policy, &state, optimizer_file, group)?;
         let replay_root = opts.run_dir.join("replay");
         std::fs::create_dir_all(&replay_root).map_err(|e| LearnerError::io(&replay_root, e))?;
         let resume_at = (consumed != Default::default()).then(|| consumed.clone());

@@ -711,17 +711,7 @@ impl CausalLm {
         selected: &Tensor,
     ) -> Result<Tensor> {
         let (b, t) = input_ids.dims2()?;
-        if temperatures.len() != b {
-            return Err(ModelError::Config(format!(
-                "{} temperatures for a batch of {b} rows",
-                temperatures.len()
-            )));
-        }
-        if let Some(bad) = temperatures.iter().find(|x| !(**x > 0.0 && x.is_finite())) {
-            return Err(ModelError::Config(format!(
-                "temperature {bad} is not a finite positive number"
-            )));
-        }
+        check_temperatures(temperatures, b)?;
         if temperatures.iter().all(|&x| x == 1.0) {
             return self.token_logprobs_selected(input_ids, attention_mask, selected);
         }
@@ -782,17 +772,7 @@ impl CausalLm {
         temperatures: &[f32],
     ) -> Result<Tensor> {
         let b = input_ids.dim(0)?;
-        if temperatures.len() != b {
-            return Err(ModelError::Config(format!(
-                "{} temperatures for a batch of {b} rows",
-                temperatures.len()
-            )));
-        }
-        if let Some(bad) = temperatures.iter().find(|x| !(**x > 0.0 && x.is_finite())) {
-            return Err(ModelError::Config(format!(
-                "temperature {bad} is not a finite positive number"
-            )));
-        }
+        check_temperatures(temperatures, b)?;
         if temperatures.iter().all(|&x| x == 1.0) {
             return self.token_logprobs(input_ids, attention_mask);
         }
@@ -921,4 +901,20 @@ pub fn compute_dtype(device: &Device) -> DType {
     } else {
         DType::BF16
     }
+}
+
+/// One finite, positive temperature per row of a batch of `b`.
+fn check_temperatures(temperatures: &[f32], b: usize) -> Result<()> {
+    if temperatures.len() != b {
+        return Err(ModelError::Config(format!(
+            "{} temperatures for a batch of {b} rows",
+            temperatures.len()
+        )));
+    }
+    if let Some(bad) = temperatures.iter().find(|x| !(**x > 0.0 && x.is_finite())) {
+        return Err(ModelError::Config(format!(
+            "temperature {bad} is not a finite positive number"
+        )));
+    }
+    Ok(())
 }
