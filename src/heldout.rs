@@ -14,7 +14,7 @@ use cascade_actor::eval::{evaluate, mean_and_se, EvalOptions, ModeScores};
 use cascade_actor::verifiers::verifier_for;
 use cascade_rewards::Verifier;
 use cascade_shared::chat::Chat;
-use cascade_shared::config::RunConfig;
+use cascade_shared::config::{RunConfig, VerifierConfig};
 use cascade_shared::data::Kind;
 use cascade_shared::metrics::{
     Eval, EvalScores, HeldoutRow, HeldoutTable, MetricsLog, StageGain, HELDOUT_FILE,
@@ -121,9 +121,16 @@ pub fn evaluate_run(
         }
         let rm_dir = config.reward_model_dir(i, run_dir);
         let judge = stage.verifier.swe_judge.as_ref().map(|p| config.resolve(p));
+        // Each column is its domain's own score: a stage that blends the reward model into its
+        // reward (`rm_weight`) is still reported by its rule verifier (the RM score has its own
+        // column, rlhf's).
+        let own = VerifierConfig {
+            rm_weight: 0.0,
+            ..stage.verifier.clone()
+        };
         let verifier = verifier_for(
             stage.kind,
-            &stage.verifier,
+            &own,
             rm_dir.as_deref(),
             judge.as_deref(),
             &device,

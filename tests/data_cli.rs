@@ -213,3 +213,72 @@ fn a_converted_rl_row_with_a_response_is_a_score_line() {
         .collect();
     assert_eq!(rewards, [1.0, 1.0]);
 }
+
+/// A `--schema` that does not parse is a usage error (exit 2) naming the flag, for `inspect` and
+/// `convert` as for `eval`, before the file is looked at.
+#[test]
+fn a_schema_that_does_not_parse_is_a_usage_error_naming_the_flag() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out_file = tmp.path().join("out.jsonl");
+    let missing = tmp.path().join("no.jsonl").display().to_string();
+    for cmd in [
+        vec!["data", "inspect", missing.as_str()],
+        vec![
+            "data",
+            "convert",
+            missing.as_str(),
+            "--out",
+            out_file.to_str().unwrap(),
+        ],
+    ] {
+        for (schema, why) in [
+            ("no-such-preset", "presets: cascade-sft"),
+            ("prompt=q,prompt=x", "mapped twice"),
+        ] {
+            let mut args = cmd.clone();
+            args.extend(["--schema", schema]);
+            let out = cascade(&args);
+            assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out.stderr));
+            let err = text(&out.stderr);
+            assert!(err.contains("--schema") && err.contains(why), "{args:?}: {err}");
+        }
+    }
+}
+
+/// `convert` writes the same file whatever `--threads` parses the JSONL lines.
+#[test]
+fn convert_output_does_not_depend_on_parse_threads() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in.jsonl");
+    let mut text_in = String::new();
+    for i in 0..2500 {
+        if i % 300 == 1 {
+            text_in.push_str("{\"problem\": \"truncated\n");
+        }
+        text_in.push_str(&format!(
+            "{{\"problem\": \"What is {i} + {i}?\", \"answer\": \"{}\"}}\n",
+            2 * i
+        ));
+    }
+    std::fs::write(&input, text_in).unwrap();
+    let mut outputs = Vec::new();
+    for threads in ["1", "3"] {
+        let out_file = tmp.path().join(format!("out-{threads}.jsonl"));
+        let out = cascade(&[
+            "data",
+            "convert",
+            input.to_str().unwrap(),
+            "--domain",
+            "math",
+            "--threads",
+            threads,
+            "--out",
+            out_file.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let err = text(&out.stderr);
+        assert!(err.contains("2500 rows written") && err.contains("9 rejected"), "{err}");
+        outputs.push((std::fs::read(&out_file).unwrap(), err));
+    }
+    assert_eq!(outputs[0], outputs[1]);
+}

@@ -12,7 +12,10 @@ use candle_core::Device;
 use cascade_rewards::code::{CodeConfig, SandboxConfig};
 use cascade_rewards::ifeval::{IfEvalConfig, IfEvalMode};
 use cascade_rewards::math::MathConfig;
-use cascade_rewards::{CodeVerifier, IfEvalVerifier, MathVerifier, SweVerifier, Verifier};
+use cascade_rewards::{
+    CodeVerifier, IfEvalVerifier, MathVerifier, Reward, SplitResponse, SweVerifier, Verifier,
+    VerifyError,
+};
 use cascade_shared::config::{IfStrictness, RunConfig, VerifierConfig};
 use cascade_shared::StageKind;
 
@@ -21,9 +24,74 @@ use crate::judge::JudgeScorer;
 use crate::reward_model::RewardModel;
 
 /// The verifier of a stage kind with the stage's verifier options. `rm_dir` is the reward
-/// model (rlhf), `judge_dir` the SWE judge model (resolved paths; `None`: no judge, the
-/// lexical fallback).
+/// model (rlhf, and any stage with `rm_weight > 0`, see [`RmBlend`]), `judge_dir` the SWE judge
+/// model (resolved paths; `None`: no judge, the lexical fallback).
 pub fn verifier_for(
+    kind: StageKind,
+    v: &VerifierConfig,
+    rm_dir: Option<&Path>,
+    judge_dir: Option<&Path>,
+    device: &Device,
+) -> Result<Arc<dyn Verifier>> {
+    let rule = rule_verifier_for(kind, v, rm_dir, judge_dir, device)?;
+    if v.rm_weight > 0.0 && kind != StageKind::Rlhf {
+        let dir = rm_dir.ok_or_else(|| {
+            ActorError::Invalid(format!(
+                "verifier.rm_weight = {} needs a reward model (verifier.reward_model or a [reward_model] section)",
+                v.rm_weight
+            ))
+        })?;
+        return Ok(Arc::new(RmBlend {
+            rule,
+            rm: RewardModel::load(dir, device)?,
+            rule_weight: v.rule_weight,
+            rm_weight: v.rm_weight,
+        }));
+    }
+    Ok(rule)
+}
+
+/// A verifiable stage's reward combined with the reward model's score of the same final answer:
+/// `rule_weight × rule + rm_weight × rm` (`verifier.rule_weight`, `verifier.rm_weight`).
+/// RECIPE.md combines IF-RL's rule reward with the RM score so that satisfying the constraints
+/// with an answer the RM dislikes does not pay; it works for any verifiable stage. The rule
+/// verifier's details are kept, with `rule_reward` and `rm_score` added (both reach the stage's
+/// reward breakdown in `metrics.jsonl`).
+pub struct RmBlend {
+    rule: Arc<dyn Verifier>,
+    rm: RewardModel,
+    rule_weight: f32,
+    rm_weight: f32,
+}
+
+impl Verifier for RmBlend {
+    fn name(&self) -> &'static str {
+        self.rule.name()
+    }
+
+    fn verify(
+        &self,
+        reference: &serde_json::Value,
+        response: &SplitResponse<'_>,
+    ) -> std::result::Result<Reward, VerifyError> {
+        let rule = self.rule.verify(reference, response)?;
+        let rm = self.rm.verify(reference, response)?.reward;
+        let mut details = match rule.details {
+            serde_json::Value::Object(o) => o,
+            serde_json::Value::Null => serde_json::Map::new(),
+            other => serde_json::Map::from_iter([("rule_details".to_string(), other)]),
+        };
+        details.insert("rule_reward".into(), rule.reward.into());
+        details.insert("rm_score".into(), rm.into());
+        Ok(Reward {
+            reward: self.rule_weight * rule.reward + self.rm_weight * rm,
+            details: serde_json::Value::Object(details),
+        })
+    }
+}
+
+/// The stage kind's own verifier, without the reward-model blend.
+fn rule_verifier_for(
     kind: StageKind,
     v: &VerifierConfig,
     rm_dir: Option<&Path>,

@@ -135,3 +135,74 @@ fn verifier_reward_is_the_score_of_the_final_answer() {
     );
     assert_eq!(reward.details["has_answer"], json!(true));
 }
+
+/// An IF stage with `rm_weight > 0` scores `rule_weight × rule + rm_weight × rm`, the RM part
+/// being transformers' score of the final answer; the rule part and the RM score are in the
+/// details (the stage's reward breakdown). Without `rm_weight` the reward is the rule alone.
+#[test]
+fn if_stage_blends_the_rule_reward_with_the_reward_model_score() {
+    use cascade_actor::verifiers::verifier_for;
+    use cascade_shared::config::VerifierConfig;
+    use cascade_shared::StageKind;
+    let model = fixture().join("model");
+    let blended = verifier_for(
+        StageKind::If,
+        &VerifierConfig {
+            rm_weight: 0.25,
+            rule_weight: 2.0,
+            ..VerifierConfig::default()
+        },
+        Some(&model),
+        None,
+        &Device::Cpu,
+    )
+    .unwrap();
+    let rule_only = verifier_for(
+        StageKind::If,
+        &VerifierConfig::default(),
+        Some(&model),
+        None,
+        &Device::Cpu,
+    )
+    .unwrap();
+    assert_eq!(blended.name(), "if");
+    let mut rules = std::collections::BTreeSet::new();
+    for c in cases() {
+        let reference = json!({
+            "prompt": c.prompt,
+            "instruction_id_list": ["punctuation:no_comma"],
+            "kwargs": [{}],
+        });
+        let response = split_response(&c.response);
+        let rule = rule_only.verify(&reference, &response).unwrap().reward;
+        rules.insert((rule * 4.0) as i32);
+        let got = blended.verify(&reference, &response).unwrap();
+        let want = 2.0 * rule + 0.25 * c.score;
+        assert!(
+            (got.reward - want).abs() < TOL,
+            "{:?}: {} vs 2 × {rule} + 0.25 × {}",
+            c.prompt,
+            got.reward,
+            c.score
+        );
+        assert_eq!(got.details["rule_reward"], json!(rule));
+        assert!((got.details["rm_score"].as_f64().unwrap() as f32 - c.score).abs() < TOL);
+        assert!(got.details["follow"].is_array(), "{}", got.details);
+    }
+    // A blend needs a reward model.
+    let missing = verifier_for(
+        StageKind::If,
+        &VerifierConfig {
+            rm_weight: 0.25,
+            ..VerifierConfig::default()
+        },
+        None,
+        None,
+        &Device::Cpu,
+    );
+    assert!(
+        missing.is_err_and(|e| e.to_string().contains("rm_weight")),
+        "rm_weight without a reward model must be refused"
+    );
+    assert_eq!(rules.len(), 2, "the cases both follow and break the rule");
+}

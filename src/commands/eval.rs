@@ -76,7 +76,7 @@ pub struct EvalArgs {
 }
 
 /// `--schema`, parsed as a config's `schema` is.
-fn parse_schema(text: &str) -> Result<Schema, String> {
+pub(crate) fn parse_schema(text: &str) -> Result<Schema, String> {
     Schema::parse(text).map_err(|e| e.to_string())
 }
 

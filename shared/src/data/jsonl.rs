@@ -315,10 +315,11 @@ impl JsonlRows {
     }
 }
 
-impl Iterator for JsonlRows {
-    type Item = Result<RawRow>;
-
-    fn next(&mut self) -> Option<Result<RawRow>> {
+impl JsonlRows {
+    /// The next row's line, unparsed: `(row index in the file, 1-based line, its bytes with
+    /// the newline)`; `None` at the end. For callers that parse lines elsewhere (in parallel,
+    /// [`parse_line`]); an error ends the rows.
+    pub fn next_raw(&mut self) -> Option<Result<(u64, u64, &[u8])>> {
         if self.next_row >= self.end {
             return None;
         }
@@ -332,25 +333,34 @@ impl Iterator for JsonlRows {
             }
         }
         let (start, end) = self.current;
-        let fields = match parse(&self.buf[start..end]) {
-            Ok(Value::Object(o)) => Ok(o),
-            Ok(_) => Err(FieldError::row("expected a JSON object")),
-            Err(e) => Err(FieldError::row(format!("not valid JSON: {e}"))),
-        };
-        Some(Ok(RawRow {
+        Some(Ok((index, self.line, &self.buf[start..end])))
+    }
+}
+
+impl Iterator for JsonlRows {
+    type Item = Result<RawRow>;
+
+    fn next(&mut self) -> Option<Result<RawRow>> {
+        Some(self.next_raw()?.map(|(index, row_no, line)| RawRow {
             index,
-            row_no: self.line,
-            fields,
+            row_no,
+            fields: parse_line(line),
         }))
     }
 }
 
-/// A line as JSON. A line that is UTF-8 (checked once, not string by string) is parsed as
-/// text; any other goes through the byte parser, for its error message.
-fn parse(line: &[u8]) -> serde_json::Result<Value> {
-    match std::str::from_utf8(line) {
+/// A row's line as the JSON object of its columns. A line that is UTF-8 (checked once, not
+/// string by string) is parsed as text; any other goes through the byte parser, for its error
+/// message.
+pub fn parse_line(line: &[u8]) -> std::result::Result<Map<String, Value>, FieldError> {
+    let parsed = match std::str::from_utf8(line) {
         Ok(text) => serde_json::from_str(text),
         Err(_) => serde_json::from_slice(line),
+    };
+    match parsed {
+        Ok(Value::Object(o)) => Ok(o),
+        Ok(_) => Err(FieldError::row("expected a JSON object")),
+        Err(e) => Err(FieldError::row(format!("not valid JSON: {e}"))),
     }
 }
 

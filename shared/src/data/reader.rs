@@ -127,6 +127,23 @@ pub struct DataReader {
     options: MapOptions,
     /// Parquet row groups decoded for [`DataReader::get`] (shared by clones).
     groups: Arc<Mutex<GroupCache>>,
+    /// Threads that parse JSONL lines in a sequential pass ([`DataReader::set_parse_threads`]).
+    parse_threads: usize,
+}
+
+/// Rows parsed together in a sequential pass over a JSONL file (fewer when their lines pass
+/// [`BATCH_BYTES`]): what a pass holds besides the rows it returns.
+const BATCH_ROWS: usize = 1024;
+
+/// Bytes of lines in a batch before it is cut short (a file of 40K-token conversations).
+const BATCH_BYTES: usize = 8 << 20;
+
+/// A batch is split across threads only in shares of at least this many rows.
+const MIN_ROWS_PER_THREAD: usize = 64;
+
+/// The default of [`DataReader::set_parse_threads`]: the machine's cores, at most 8.
+fn default_parse_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
 }
 
 /// Default bound of [`DataReader`]'s cache of decoded Parquet row groups, in (estimated) heap
@@ -354,7 +371,19 @@ impl DataReader {
                 until: spec.until.clone(),
             },
             groups: Arc::new(Mutex::new(GroupCache::new(GROUP_CACHE_BYTES))),
+            parse_threads: default_parse_threads(),
         })
+    }
+
+    /// Sets how many threads parse and map JSONL rows in a sequential pass
+    /// ([`DataReader::rows_in`]); 0 = the default, the machine's cores (at most 8). Rows
+    /// come out in file order whatever the count; 1 parses on the caller's thread alone.
+    pub fn set_parse_threads(&mut self, threads: usize) {
+        self.parse_threads = if threads == 0 {
+            default_parse_threads()
+        } else {
+            threads
+        };
     }
 
     /// Bounds the cache of decoded Parquet row groups that [`DataReader::get`] keeps to
@@ -451,6 +480,8 @@ impl DataReader {
             current: Some(current),
             next: start,
             end,
+            ready: VecDeque::new(),
+            failed: None,
         })
     }
 
@@ -601,20 +632,110 @@ impl From<FieldError> for NotRead {
     }
 }
 
-/// Rows of a [`DataReader`], read across its files as they are asked for.
+/// Rows of a [`DataReader`], read across its files as they are asked for. JSONL lines are
+/// taken a batch at a time ([`BATCH_ROWS`], at most [`BATCH_BYTES`] of lines) and parsed and
+/// mapped by the reader's parse threads, each a contiguous share, returned in file order.
 pub struct Rows<'a> {
     reader: &'a DataReader,
     file: usize,
     current: Option<RawRows>,
     next: u64,
     end: u64,
+    /// Rows of the last batch not returned yet.
+    ready: VecDeque<ReadRow>,
+    /// The read error that cut the last batch short, returned after its rows.
+    failed: Option<DataError>,
+}
+
+impl Rows<'_> {
+    /// Reads the next batch of JSONL lines of the current file and parses them into `ready`;
+    /// false when the current file is not JSONL or has no more lines.
+    fn fill_batch(&mut self) -> bool {
+        let Some(RawRows::Jsonl(rows)) = self.current.as_mut() else {
+            return false;
+        };
+        let want = (self.end - self.next).min(BATCH_ROWS as u64) as usize;
+        let mut arena = Vec::new();
+        let mut lines = Vec::with_capacity(want);
+        while lines.len() < want && arena.len() < BATCH_BYTES {
+            match rows.next_raw() {
+                Some(Ok((index, row_no, bytes))) => {
+                    let at = arena.len();
+                    arena.extend_from_slice(bytes);
+                    lines.push((index, row_no, at..arena.len()));
+                }
+                Some(Err(e)) => {
+                    self.failed = Some(e);
+                    self.current = None;
+                    break;
+                }
+                None => break,
+            }
+        }
+        if lines.is_empty() {
+            return false;
+        }
+        self.next += lines.len() as u64;
+        let (reader, file) = (self.reader, self.file);
+        let parse = |part: &[(u64, u64, Range<usize>)]| -> Vec<ReadRow> {
+            part.iter()
+                .map(|(index, row_no, range)| {
+                    let fields = super::jsonl::parse_line(&arena[range.clone()]);
+                    reader.outcome(
+                        file,
+                        RawRow {
+                            index: *index,
+                            row_no: *row_no,
+                            fields,
+                        },
+                    )
+                })
+                .collect()
+        };
+        let threads = reader
+            .parse_threads
+            .min(lines.len() / MIN_ROWS_PER_THREAD)
+            .max(1);
+        if threads == 1 {
+            self.ready.extend(parse(&lines));
+            return true;
+        }
+        let share = lines.len().div_ceil(threads);
+        let ready = &mut self.ready;
+        std::thread::scope(|scope| {
+            let others: Vec<_> = lines[share..]
+                .chunks(share)
+                .map(|part| scope.spawn(move || parse(part)))
+                .collect();
+            ready.extend(parse(&lines[..share]));
+            for h in others {
+                match h.join() {
+                    Ok(rows) => ready.extend(rows),
+                    Err(panic) => std::panic::resume_unwind(panic),
+                }
+            }
+        });
+        true
+    }
 }
 
 impl Iterator for Rows<'_> {
     type Item = Result<ReadRow>;
 
     fn next(&mut self) -> Option<Result<ReadRow>> {
-        while self.next < self.end {
+        loop {
+            if let Some(row) = self.ready.pop_front() {
+                return Some(Ok(row));
+            }
+            if let Some(e) = self.failed.take() {
+                return Some(Err(e));
+            }
+            if self.next >= self.end {
+                return None;
+            }
+            if self.fill_batch() {
+                continue;
+            }
             let current = self.current.as_mut()?;
             match current.next() {
                 Some(Ok(raw)) => {
@@ -640,7 +761,6 @@ impl Iterator for Rows<'_> {
                 }
             }
         }
-        None
     }
 }
 
