@@ -188,6 +188,15 @@ fn cross_field_checks() {
             "stages[0].sft_mix.rows",
         ),
         ("sft_mix = { coef = 0.5 }", "dataset"),
+        (
+            "verifier = { rule_weight = 2.0 }",
+            "stages[0].verifier.rule_weight",
+        ),
+        (
+            "verifier = { rm_weight = 0.5 }",
+            "rm_weight > 0 needs a reward model",
+        ),
+        ("verifier = { rm_weight = -1.0 }", "must be ≥ 0"),
     ];
     for (line, needle) in cases {
         let e = err(&MINIMAL.replace("steps = 10", &format!("steps = 10\n{line}")));

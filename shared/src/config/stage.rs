@@ -122,7 +122,8 @@ pub struct VerifierConfig {
     pub reward_model: Option<PathBuf>,
     /// Verifiable stages (if, math, code, swe): weight of the reward model's score of the final
     /// answer in the reward, `rule_weight × rule + rm_weight × rm` (0: the rule reward alone).
-    /// RECIPE.md combines IF-RL's rule reward with the RM score.
+    /// RECIPE.md combines IF-RL's rule reward with the RM score. An rlhf stage's reward is the
+    /// RM score alone, whatever the weights say.
     pub rm_weight: f32,
     /// Weight of the rule-based (verifiable) score in the reward when `rm_weight` > 0.
     pub rule_weight: f32,
@@ -585,13 +586,7 @@ impl StageConfig {
                 "an rlhf stage needs a reward model (this key, or a [reward_model] section that trains one)",
             ));
         }
-        if self.kind == StageKind::Rlhf && v.rm_weight > 0.0 {
-            return Err(invalid(
-                key("rm_weight"),
-                "an rlhf stage's reward is the reward model's score alone; rm_weight blends it into a verifiable stage's reward",
-            ));
-        }
-        if v.rm_weight == 0.0 && v.rule_weight != 1.0 {
+        if self.kind != StageKind::Rlhf && v.rm_weight == 0.0 && v.rule_weight != 1.0 {
             return Err(invalid(
                 key("rule_weight"),
                 "only weighs the rule reward against rm_weight; with rm_weight = 0 it would only rescale the reward, which the group advantage undoes",
