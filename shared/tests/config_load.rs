@@ -217,14 +217,70 @@ fn cross_field_checks() {
         e.contains("devices.actors[0]") && e.contains("cuda:A-B"),
         "{e}"
     );
-    let e = err(&MINIMAL.replace(
-        "path = \"ckpt\"",
-        "path = \"ckpt\"\n[devices]\nlearner = \"cuda:0-6\"",
-    ));
-    assert!(
-        e.contains("devices.learner") && e.contains("not a single device"),
-        "{e}"
+    let devices = |body: &str| {
+        MINIMAL.replace(
+            "path = \"ckpt\"",
+            &format!("path = \"ckpt\"\n[devices]\n{body}"),
+        )
+    };
+    for (body, needle) in [
+        ("learner = \"gpu:0\"", "allowed"),
+        ("learner = [\"cuda:4-7\", \"cuda:5\"]", "cuda:5 is listed twice"),
+        ("learner = [\"cpu\", \"cpu\"]", "learner_ranks"),
+        ("learner = []", "no device listed"),
+        (
+            "learner = \"cuda:4-7\"\nlearner_ranks = 2",
+            "lists 4 devices",
+        ),
+        (
+            "learner = [\"cuda:1\", \"cuda:3\"]\nactors = [\"cuda:0-1\"]",
+            "rank 0 would run on cuda:1",
+        ),
+    ] {
+        let e = err(&devices(body));
+        assert!(e.contains("devices.learner") && e.contains(needle), "{body}: {e}");
+    }
+}
+
+/// `devices.learner` names one device, a range or a list: one learner rank per device, which
+/// survives the config's round trip (the run directory's `config.toml`).
+#[test]
+fn learner_devices_as_a_range_or_a_list() {
+    use cascade_shared::config::Device;
+    let with = |body: &str| {
+        parse(&MINIMAL.replace(
+            "path = \"ckpt\"",
+            &format!("path = \"ckpt\"\n[devices]\nactors = [\"cuda:0-3\"]\n{body}"),
+        ))
+        .unwrap()
+    };
+    let range = with("learner = \"cuda:4-7\"");
+    assert_eq!(
+        range.devices.learner_devices(),
+        (4..8).map(Device::Cuda).collect::<Vec<_>>()
     );
+    assert_eq!(range.devices.learner, Device::Cuda(4));
+    let list = with("learner = [\"cuda:6\", \"cuda:4-5\"]");
+    assert_eq!(
+        list.devices.learner_devices(),
+        vec![Device::Cuda(6), Device::Cuda(4), Device::Cuda(5)]
+    );
+    let agreeing = with("learner = \"cuda:4-5\"\nlearner_ranks = 2");
+    assert_eq!(agreeing.devices.learner_devices().len(), 2);
+    let one = with("learner = [\"cuda:7\"]");
+    assert_eq!(one.devices.learner_devices(), vec![Device::Cuda(7)]);
+    assert_eq!(one.devices.learner_list, None);
+    // The old form: a first device and a rank count.
+    let counted = with("learner = \"cuda:4\"\nlearner_ranks = 3");
+    assert_eq!(
+        counted.devices.learner_devices(),
+        (4..7).map(Device::Cuda).collect::<Vec<_>>()
+    );
+    for cfg in [range, list, counted] {
+        let text = toml::to_string(&cfg).unwrap();
+        let back = RunConfig::parse(&text, "back.toml", Path::new("/base"), &[]).unwrap();
+        assert_eq!(back.devices, cfg.devices, "{text}");
+    }
 }
 
 #[test]

@@ -57,7 +57,7 @@ fn qwen3_8b_has_its_published_parameter_count() {
 fn the_8b_recipe_on_one_h200_learner_does_not_fit_and_says_why() {
     // The recipe's config as it was before learner groups: one learner process on cuda:7.
     let mut cfg = config("qwen3-8b-base.toml");
-    cfg.devices.learner = Device::Cuda(7);
+    cfg.devices.set_learner(&["cuda:7".to_string()]).unwrap();
     cfg.devices.learner_ranks = None;
     cfg.devices.actors =
         vec![cascade_shared::config::DeviceSpec::try_from("cuda:0-6".to_string()).unwrap()];
@@ -250,7 +250,12 @@ fn the_committed_8b_config_fits_eight_h200s() {
 #[test]
 fn learner_ranks_shard_the_optimizer_state_in_the_plan() {
     let mut cfg = config("qwen3-8b-base.toml");
-    cfg.devices.learner = Device::Cuda(4);
+    // The committed config lists cuda:4-7; the same as a first device and a rank count.
+    assert_eq!(
+        cfg.devices.learner_devices(),
+        (4..8).map(Device::Cuda).collect::<Vec<_>>()
+    );
+    cfg.devices.set_learner(&["cuda:4".to_string()]).unwrap();
     cfg.devices.actors =
         vec![cascade_shared::config::DeviceSpec::try_from("cuda:0-3".to_string()).unwrap()];
     cfg.devices.learner_ranks = Some(4);
@@ -283,7 +288,7 @@ fn learner_ranks_shard_the_optimizer_state_in_the_plan() {
         4 * shard
     );
     // A learner rank on an actor's GPU is refused.
-    cfg.devices.learner = Device::Cuda(3);
+    cfg.devices.set_learner(&["cuda:3".to_string()]).unwrap();
     let e = cfg.validate().unwrap_err().to_string();
     assert!(e.contains("learner rank 0") && e.contains("cuda:3"), "{e}");
 }

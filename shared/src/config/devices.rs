@@ -113,24 +113,116 @@ fn default_actors() -> Vec<DeviceSpec> {
 
 /// `[devices]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "DevicesToml", into = "DevicesToml")]
 pub struct DevicesConfig {
-    /// The learner's device (`cpu` or `cuda:N`).
-    #[serde(default = "default_learner")]
+    /// The learner's device (`cpu` or `cuda:N`); with several ranks, rank 0's.
     pub learner: Device,
     /// Actor devices; each entry `cpu`, `cuda:N` or a range `cuda:A-B`.
-    #[serde(default = "default_actors")]
     pub actors: Vec<DeviceSpec>,
     /// Number of actor processes; default one per listed device. Actors are assigned to the
     /// listed devices round-robin, so `actors = ["cpu"]` with `num_actors = 2` runs two CPU
     /// actors.
-    #[serde(default)]
     pub num_actors: Option<usize>,
     /// Number of learner processes working as one learner (issue 17): data-parallel with the
     /// optimizer state sharded over them. On `cuda:N` rank `r` runs on `cuda:N+r`; on `cpu`
-    /// every rank runs on the CPU. Default 1.
-    #[serde(default)]
+    /// every rank runs on the CPU. Default 1 (or the length of a learner device list).
     pub learner_ranks: Option<usize>,
+    /// The learner ranks' devices when `learner` names several (`"cuda:4-7"` or a list such
+    /// as `["cuda:4", "cuda:6"]`): rank r runs on the r-th; `None` when it names one.
+    pub learner_list: Option<Vec<Device>>,
+}
+
+/// `[devices]` as written: `learner` is one device, a range or a list of devices and ranges.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DevicesToml {
+    #[serde(default = "default_learner_toml")]
+    learner: LearnerToml,
+    #[serde(default = "default_actors")]
+    actors: Vec<DeviceSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    num_actors: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    learner_ranks: Option<usize>,
+}
+
+/// `devices.learner`: a string or a list of strings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+enum LearnerToml {
+    One(String),
+    Many(Vec<String>),
+}
+
+fn default_learner_toml() -> LearnerToml {
+    LearnerToml::One(default_learner().to_string())
+}
+
+/// The learner devices `devices.learner` (`--learner-device`) names: `cpu`, `cuda:N`, a range
+/// `cuda:A-B`, or (from a list) several of these; an error names the entry and says why.
+pub fn parse_learner_devices(entries: &[String]) -> std::result::Result<Vec<Device>, String> {
+    let mut out: Vec<Device> = Vec::new();
+    for e in entries {
+        for d in parse_devices(e)? {
+            if d == Device::Cpu && entries.len() + out.len() > 1 {
+                return Err(format!(
+                    "{e:?}: CPU learner ranks are asked with learner_ranks (--learner-ranks), not listed"
+                ));
+            }
+            if out.contains(&d) {
+                return Err(format!("{d} is listed twice"));
+            }
+            out.push(d);
+        }
+    }
+    if out.is_empty() {
+        return Err("no device listed".into());
+    }
+    Ok(out)
+}
+
+impl DevicesConfig {
+    /// Sets the learner's devices from `devices.learner`'s forms (see [`parse_learner_devices`]).
+    pub fn set_learner(&mut self, entries: &[String]) -> std::result::Result<(), String> {
+        let list = parse_learner_devices(entries)?;
+        self.learner = list[0];
+        self.learner_list = (list.len() > 1).then_some(list);
+        Ok(())
+    }
+}
+
+impl TryFrom<DevicesToml> for DevicesConfig {
+    type Error = String;
+    fn try_from(t: DevicesToml) -> std::result::Result<Self, String> {
+        let entries = match t.learner {
+            LearnerToml::One(s) => vec![s],
+            LearnerToml::Many(v) => v,
+        };
+        let mut cfg = DevicesConfig {
+            learner: default_learner(),
+            actors: t.actors,
+            num_actors: t.num_actors,
+            learner_ranks: t.learner_ranks,
+            learner_list: None,
+        };
+        cfg.set_learner(&entries)
+            .map_err(|e| format!("devices.learner: {e}"))?;
+        Ok(cfg)
+    }
+}
+
+impl From<DevicesConfig> for DevicesToml {
+    fn from(c: DevicesConfig) -> DevicesToml {
+        DevicesToml {
+            learner: match c.learner_list {
+                Some(list) => LearnerToml::Many(list.iter().map(Device::to_string).collect()),
+                None => LearnerToml::One(c.learner.to_string()),
+            },
+            actors: c.actors,
+            num_actors: c.num_actors,
+            learner_ranks: c.learner_ranks,
+        }
+    }
 }
 
 impl Default for DevicesConfig {
@@ -140,6 +232,7 @@ impl Default for DevicesConfig {
             actors: default_actors(),
             num_actors: None,
             learner_ranks: None,
+            learner_list: None,
         }
     }
 }
@@ -162,6 +255,9 @@ impl DevicesConfig {
 
     /// The device of each learner rank, rank 0 first.
     pub fn learner_devices(&self) -> Vec<Device> {
+        if let Some(list) = &self.learner_list {
+            return list.clone();
+        }
         let n = self.learner_ranks.unwrap_or(1);
         (0..n)
             .map(|r| match self.learner {
@@ -175,8 +271,30 @@ impl DevicesConfig {
         if self.learner_ranks == Some(0) {
             return Err(invalid("devices.learner_ranks", "must be at least 1"));
         }
+        if let Some(list) = &self.learner_list {
+            if list.first() != Some(&self.learner) {
+                return Err(invalid(
+                    "devices.learner",
+                    format!(
+                        "rank 0's device {} is not the first of the listed {:?}",
+                        self.learner, list
+                    ),
+                ));
+            }
+        }
+        if let (Some(list), Some(n)) = (&self.learner_list, self.learner_ranks) {
+            if list.len() != n {
+                return Err(invalid(
+                    "devices.learner_ranks",
+                    format!(
+                        "{n} ranks, but devices.learner lists {} devices (one rank per device; leave learner_ranks out)",
+                        list.len()
+                    ),
+                ));
+            }
+        }
         // With several learner ranks, each GPU goes to one rank and to no actor.
-        let learners = if self.learner_ranks.is_some() {
+        let learners = if self.learner_ranks.is_some() || self.learner_list.is_some() {
             self.learner_devices()
         } else {
             Vec::new()
@@ -184,7 +302,11 @@ impl DevicesConfig {
         for (r, d) in learners.iter().enumerate() {
             if matches!(d, Device::Cuda(_)) && self.actor_devices().contains(d) {
                 return Err(invalid(
-                    "devices.learner_ranks",
+                    if self.learner_list.is_some() {
+                        "devices.learner"
+                    } else {
+                        "devices.learner_ranks"
+                    },
                     format!("learner rank {r} would run on {d}, which is also an actor device"),
                 ));
             }
@@ -228,6 +350,7 @@ mod tests {
             actors: vec![DeviceSpec::try_from("cuda:0-1".to_string()).unwrap()],
             num_actors: Some(3),
             learner_ranks: None,
+            learner_list: None,
         };
         assert_eq!(
             cfg.actor_assignment(),

@@ -481,11 +481,11 @@ fn advise(
             if state > usable {
                 advice.push(format!(
                     "the learner's weights, gradients and optimizer state alone need {} on each \
-                     rank: more learner ranks (devices.learner_ranks, now {}) shard the f32 \
-                     master weights and Adam moments; a smaller model or a device with more \
-                     memory also helps",
+                     rank: more learner ranks (devices.learner_ranks or a devices.learner list, \
+                     now {}) shard the f32 master weights and Adam moments; a smaller model or a \
+                     device with more memory also helps",
                     format_bytes(state),
-                    config.devices.learner_ranks.unwrap_or(1)
+                    config.devices.learner_devices().len()
                 ));
             }
             let act = sum(p, "activations");

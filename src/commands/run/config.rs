@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use cascade_shared::config::{DatasetEntry, Device, DeviceSpec, RunConfig};
+use cascade_shared::config::{DatasetEntry, DeviceSpec, RunConfig};
 use cascade_shared::data::{scan, DataReader, DataSpec, Kind};
 use cascade_shared::StageKind;
 
@@ -111,8 +111,11 @@ fn load_config(args: &RunArgs, run_dir: &Path, resuming: bool) -> Result<RunConf
         config.devices.num_actors = Some(n);
     }
     if let Some(d) = &args.learner_device {
-        config.devices.learner =
-            Device::parse(d).map_err(|e| ConfigProblem(format!("--learner-device: {e}")))?;
+        let entries: Vec<String> = d.split(',').map(|e| e.trim().to_string()).collect();
+        config
+            .devices
+            .set_learner(&entries)
+            .map_err(|e| ConfigProblem(format!("--learner-device: {e}")))?;
     }
     if let Some(n) = args.learner_ranks {
         if n == 0 {

@@ -56,8 +56,9 @@ pub struct RunArgs {
     /// Number of actor processes (default: `devices.num_actors` or one per actor device).
     #[arg(long)]
     pub actors: Option<usize>,
-    /// Learner device: `cpu` or `cuda:N`.
-    #[arg(long)]
+    /// Learner device(s): `cpu`, `cuda:N`, or one rank per device of a range `cuda:A-B` or a
+    /// comma-separated list (`cuda:4,cuda:6`), as `devices.learner`.
+    #[arg(long, alias = "learner-devices")]
     pub learner_device: Option<String>,
     /// Learner processes working as one learner (data-parallel, optimizer state sharded;
     /// default `devices.learner_ranks` or 1). On `cuda:N` rank r uses `cuda:N+r`.
