@@ -78,8 +78,27 @@ impl SnapshotWatch {
         let Some(latest) = snapshot::read_latest(&self.snapshots_dir) else {
             return Ok(None);
         };
-        if self.last_latest == Some(latest) || self.current.is_some_and(|c| latest <= c) {
+        // An older LATEST than the weights in use is a learner resumed from its last checkpoint:
+        // it removed the weights-only snapshots after it (ours among them) and will publish
+        // other weights under those versions, so the actor goes back with it.
+        let rolled_back = self.current.is_some_and(|c| {
+            latest < c
+                && !self
+                    .snapshots_dir
+                    .join(snapshot::version_dir_name(c))
+                    .exists()
+        });
+        if self.last_latest == Some(latest)
+            || (self.current.is_some_and(|c| latest <= c) && !rolled_back)
+        {
             return Ok(None);
+        }
+        if rolled_back {
+            tracing::info!(
+                "actor {}: snapshot v{} was removed and LATEST is v{latest} (the learner resumed                  from its last checkpoint); following it back",
+                self.actor_id,
+                self.current.unwrap_or_default()
+            );
         }
         self.last_latest = Some(latest);
         self.write_ack(latest)?;

@@ -40,7 +40,8 @@ pub struct SnapshotInput<'a> {
     /// Weights, named as in the HF checkpoint (any device and dtype).
     pub model: &'a [(String, Tensor)],
     /// The optimizer state (moments and counters) to save, or `None` for a weights-only
-    /// snapshot (allowed where the stage step is 0: a stage starts with a fresh optimizer).
+    /// snapshot (allowed where the stage step is 0, a stage starting with a fresh optimizer,
+    /// and for a snapshot that is not a checkpoint, `state.checkpoint == false`).
     pub optimizer: Option<&'a dyn OptimizerState>,
     /// Learner state.
     pub state: &'a LearnerState,
@@ -102,10 +103,15 @@ pub fn publish_with(
         files.insert(file, digest.into());
     }
     let has_optimizer = files.keys().any(|f| f.starts_with("optimizer."));
-    if input.state.stage_step > 0 && !has_optimizer {
+    if input.state.checkpoint && input.state.stage_step > 0 && !has_optimizer {
         return Err(LearnerError::InvalidSnapshotInput(format!(
-            "snapshot v{version} is at stage step {} and needs the optimizer state",
+            "checkpoint v{version} is at stage step {} and needs the optimizer state",
             input.state.stage_step
+        )));
+    }
+    if !input.state.checkpoint && has_optimizer {
+        return Err(LearnerError::InvalidSnapshotInput(format!(
+            "snapshot v{version} is weights only (not a checkpoint) but was given optimizer state"
         )));
     }
     let state_json = serde_json::to_vec_pretty(input.state)
@@ -204,6 +210,74 @@ pub fn latest_complete(snapshots_dir: &Path) -> Result<Option<SnapshotInfo>> {
     Ok(None)
 }
 
+/// Whether the complete snapshot `info` is a checkpoint a learner can resume from: its state
+/// says so (snapshots of earlier builds are), or it is at a stage's step 0, where the stage
+/// starts a fresh optimizer anyway.
+fn is_checkpoint(info: &SnapshotInfo) -> Result<bool> {
+    is_checkpoint_dir(&info.dir)
+}
+
+/// [`is_checkpoint`] of the snapshot in `dir` from its `state.json` alone (no checksums: for
+/// decisions that do not use the snapshot's data).
+fn is_checkpoint_dir(dir: &Path) -> Result<bool> {
+    let path = dir.join(STATE_FILE);
+    let bytes = fs::read(&path).map_err(|e| SnapshotError::io(&path, e))?;
+    let state: LearnerState =
+        serde_json::from_slice(&bytes).map_err(|e| SnapshotError::json(&path, e))?;
+    Ok(state.checkpoint || state.stage_step == 0)
+}
+
+/// The newest complete snapshot that is a checkpoint (`learner.checkpoint_every`), after
+/// removing every snapshot newer than it: weights-only snapshots published after the last
+/// checkpoint belong to steps that a resumed learner recomputes (under the same version
+/// numbers), and an actor must not take their weights for the new ones. `LATEST` then names
+/// the checkpoint. Corrupt snapshots are skipped as [`latest_complete`] skips them.
+pub fn latest_checkpoint(snapshots_dir: &Path) -> Result<Option<SnapshotInfo>> {
+    let Some(newest) = latest_complete(snapshots_dir)? else {
+        return Ok(None);
+    };
+    if is_checkpoint(&newest)? {
+        return Ok(Some(newest));
+    }
+    let mut found = None;
+    for (version, dir) in list_versions(snapshots_dir)? {
+        if version >= newest.version {
+            continue;
+        }
+        match verify(&dir) {
+            Ok(info) if is_checkpoint(&info)? => {
+                found = Some(info);
+                break;
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!("skipping snapshot {}: {e}", dir.display()),
+        }
+    }
+    let Some(checkpoint) = found else {
+        return Err(LearnerError::State(format!(
+            "{}: no checkpoint to resume from (the newest complete snapshot v{} is weights              only and no earlier one is a checkpoint)",
+            snapshots_dir.display(),
+            newest.version
+        )));
+    };
+    let mut removed = Vec::new();
+    for (version, dir) in list_versions(snapshots_dir)? {
+        if version > checkpoint.version {
+            let doomed = snapshots_dir.join(format!("{}.del.tmp", version_dir_name(version)));
+            fs::rename(&dir, &doomed).map_err(|e| SnapshotError::io(&dir, e))?;
+            fs::remove_dir_all(&doomed).map_err(|e| SnapshotError::io(&doomed, e))?;
+            removed.push(version);
+        }
+    }
+    write_latest(snapshots_dir, checkpoint.version)?;
+    fsync_dir(snapshots_dir)?;
+    tracing::info!(
+        "resuming from checkpoint v{}: removed the weights-only snapshots after it {removed:?}",
+        checkpoint.version
+    );
+    Ok(Some(checkpoint))
+}
+
 /// Copies the snapshot's weights into every variable of `varmap` (cast to the variable's dtype).
 /// Every variable must be present in the file with its shape.
 pub fn restore_varmap(varmap: &VarMap, dir: &Path) -> Result<()> {
@@ -234,14 +308,23 @@ pub fn restore_varmap(varmap: &VarMap, dir: &Path) -> Result<()> {
 }
 
 /// Deletes old snapshots: keeps the newest `keep_last` (at least 1), every stage-final one, the
-/// one `LATEST` names and every actor-acknowledged one. Returns the deleted versions.
+/// one `LATEST` names, every actor-acknowledged one and the newest checkpoint. Returns the
+/// deleted versions.
 pub fn retain(snapshots_dir: &Path, keep_last: usize) -> Result<Vec<u64>> {
     let versions = list_versions(snapshots_dir)?;
     let acked = acknowledged_versions(snapshots_dir)?;
     let latest = read_latest(snapshots_dir);
     let mut deleted = Vec::new();
+    // The newest checkpoint is what a resumed learner starts from: kept whatever its age.
+    let mut checkpoint_kept = false;
     for (rank, (version, dir)) in versions.into_iter().enumerate() {
-        if rank < keep_last.max(1) || acked.contains(&version) || latest == Some(version) {
+        let newest_checkpoint = !checkpoint_kept && is_checkpoint_dir(&dir).unwrap_or(false);
+        checkpoint_kept |= newest_checkpoint;
+        if rank < keep_last.max(1)
+            || acked.contains(&version)
+            || latest == Some(version)
+            || newest_checkpoint
+        {
             continue;
         }
         let manifest_path = dir.join(MANIFEST_FILE);

@@ -183,7 +183,11 @@ fn options(dir: &Path, publish_every: u64, resume: bool, max_steps: Option<u64>)
 
 /// Runs `world` ranks (threads) of one learner on `dir`; returns rank 0's exit.
 fn run_group(dir: &Path, world: usize, resume: bool, max_steps: Option<u64>) -> LearnerExit {
-    let opts = options(dir, 4, resume, max_steps);
+    run_group_with(options(dir, 4, resume, max_steps), world)
+}
+
+/// [`run_group`] with the given options.
+fn run_group_with(opts: LearnerOptions, world: usize) -> LearnerExit {
     if world == 1 {
         let stop = Arc::new(AtomicBool::new(false));
         return run_learner_in_group(&opts, stop, Box::new(Single))
@@ -539,5 +543,105 @@ fn a_sharded_adamw_step_is_the_adamw_step() -> Result<()> {
             .to_vec1::<f32>()?;
         assert_eq!(a, b, "{name} after reload");
     }
+    Ok(())
+}
+
+/// `learner.checkpoint_every` (issue 17): publishes every step, a checkpoint every 3. The
+/// snapshots between checkpoints hold weights only (no optimizer file, `checkpoint: false`) and
+/// do not commit the replay position. A run killed after a weights-only snapshot resumes from
+/// the checkpoint before it, removes the later snapshots, reads the same rollouts again and
+/// ends bit-identical to the uninterrupted run.
+#[test]
+fn weights_only_snapshots_between_checkpoints_and_resume_from_the_last_checkpoint() -> Result<()> {
+    let root = tempfile::tempdir()?;
+    let groups = BATCH_PROMPTS * RL_STEPS as usize;
+    let opts = |dir: &Path, resume: bool, max_steps: Option<u64>| {
+        let text = config_text(1).replace(
+            "publish_every = 1",
+            "publish_every = 1\ncheckpoint_every = 3",
+        );
+        let config = RunConfig::parse(&text, "group.toml", dir, &[]).unwrap();
+        assert_eq!(config.learner.checkpoint_every, 3);
+        LearnerOptions {
+            run_dir: dir.to_path_buf(),
+            device: Device::Cpu,
+            config,
+            resume,
+            max_steps,
+        }
+    };
+    let whole = run_dir(root.path(), "whole", groups)?;
+    assert_eq!(
+        run_group_with(opts(&whole, false, None), 2),
+        LearnerExit::Completed
+    );
+    let snap = |dir: &Path, v: u64| dir.join("snapshots").join(version_dir_name(v));
+    let files = |dir: &Path, v: u64| -> Vec<String> {
+        let mut f: Vec<String> = std::fs::read_dir(snap(dir, v))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("optimizer"))
+            .collect();
+        f.sort();
+        f
+    };
+    let state = |dir: &Path, v: u64| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(snap(dir, v).join("state.json")).unwrap()).unwrap()
+    };
+    // SFT steps 1..=10 are v1..v10 (v10 is the stage end), the RL steps v11..v20.
+    for v in 1..=SFT_STEPS + RL_STEPS {
+        let stage_step = state(&whole, v)["stage_step"].as_u64().unwrap();
+        let checkpoint = stage_step == 0 || stage_step % 3 == 0;
+        assert_eq!(
+            state(&whole, v)["checkpoint"].as_bool(),
+            Some(checkpoint),
+            "v{v} (stage step {stage_step})"
+        );
+        let want: Vec<String> = if checkpoint && stage_step > 0 {
+            (0..2)
+                .map(|r| cascade_learner::zero::shard_file_name(r, 2))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        assert_eq!(files(&whole, v), want, "v{v}");
+    }
+    // Killed after the weights-only v14 (RL stage step 4; its last checkpoint is v13): the
+    // state a SIGKILL between the publishes of v14 and v15 leaves.
+    let dir = run_dir(root.path(), "killed", groups)?;
+    assert_eq!(
+        run_group_with(opts(&dir, false, Some(SFT_STEPS + 5)), 2),
+        LearnerExit::Stopped
+    );
+    assert_eq!(state(&dir, SFT_STEPS + 5)["checkpoint"], true, "a stop checkpoints");
+    std::fs::remove_dir_all(snap(&dir, SFT_STEPS + 5))?;
+    std::fs::write(
+        dir.join("snapshots").join("LATEST"),
+        format!("{}\n", SFT_STEPS + 4),
+    )?;
+    assert_eq!(state(&dir, SFT_STEPS + 4)["checkpoint"], false);
+    assert_eq!(
+        run_group_with(opts(&dir, true, None), 2),
+        LearnerExit::Completed
+    );
+    let resumed_at = std::fs::read_to_string(dir.join("metrics.jsonl"))?
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|e| e["event"] == "resume")
+        .and_then(|e| e["policy_version"].as_u64());
+    assert_eq!(resumed_at, Some(SFT_STEPS + 3));
+    let end = SFT_STEPS + RL_STEPS;
+    let diff = max_rel_diff(&weights(&whole, end), &weights(&dir, end));
+    assert_eq!(diff, 0.0, "resumed from the last checkpoint: bit-identical");
+    // The steps after the checkpoint were recomputed: v14 is the new run's, a weights-only
+    // snapshot again, with the uninterrupted run's weights.
+    assert_eq!(state(&dir, SFT_STEPS + 4)["checkpoint"], false);
+    assert_eq!(
+        max_rel_diff(
+            &weights(&whole, SFT_STEPS + 4),
+            &weights(&dir, SFT_STEPS + 4)
+        ),
+        0.0
+    );
     Ok(())
 }

@@ -44,6 +44,7 @@ fn state(step: u64) -> LearnerState {
             ..FilterMetrics::default()
         },
         prompt_tracker: None,
+        checkpoint: true,
     }
 }
 

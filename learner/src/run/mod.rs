@@ -123,6 +123,8 @@ struct Learner<'a, S: RolloutSource> {
     /// Version of the newest published snapshot.
     published: Option<u64>,
     steps_here: u64,
+    /// The stage step of the last checkpoint (`learner.checkpoint_every`).
+    checkpointed_at: u64,
     idle_s: f64,
     stop: Arc<AtomicBool>,
     /// When rank 0 last told the group it is waiting ([`intake`]).

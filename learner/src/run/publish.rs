@@ -31,9 +31,29 @@ impl<S: RolloutSource> Learner<'_, S> {
             return Ok(());
         }
         let started = Instant::now();
-        // Inside a stage the snapshot carries the optimizer state; at a stage's step 0 the next
-        // step starts a fresh optimizer, so the snapshot is weights only.
+        // Inside a stage a checkpoint carries the optimizer state; at a stage's step 0 the next
+        // step starts a fresh optimizer, so the snapshot is weights only (and a checkpoint).
+        // Between checkpoints (`learner.checkpoint_every`) snapshots are weights only. A stop
+        // (SIGTERM, `max_steps`) makes the snapshot of its step a checkpoint; it is rank 0's
+        // to see, so in a group rank 0's decision is broadcast (every rank publishes at the same
+        // points) and every rank writes its shard or none.
         let inside = self.state.stage_step > 0;
+        let every = self.opts.config.learner.checkpoint_every.max(1) as u64;
+        let mut checkpoint = [u8::from(
+            !inside
+                || stage_final
+                || self.stopping()
+                || self.state.stage_step >= self.checkpointed_at + every,
+        )];
+        if self.group.world_size() > 1 {
+            self.group.broadcast(&mut checkpoint, 0)?;
+        }
+        let checkpoint = checkpoint[0] == 1;
+        self.state.checkpoint = checkpoint;
+        if checkpoint {
+            self.checkpointed_at = self.state.stage_step;
+        }
+        let inside = inside && checkpoint;
         let shards = match &self.optimizer {
             TrainOptimizer::Sharded(o) if inside => Some(o),
             _ => None,
@@ -84,8 +104,13 @@ impl<S: RolloutSource> Learner<'_, S> {
             },
         )?;
         self.published = Some(version);
-        if let Some(source) = self.source.as_mut() {
-            source.commit_at(&self.consumed)?;
+        if checkpoint {
+            if let Some(source) = self.source.as_mut() {
+                source.commit_at(&self.consumed)?;
+            }
+        } else if let Some(source) = self.source.as_mut() {
+            // Not committed: a resume from the last checkpoint reads these rollouts again.
+            source.report_progress(&self.consumed)?;
         }
         self.progressed = self.consumed.clone();
         let deleted = snapshot::retain(&self.snapshots, self.opts.config.learner.keep_snapshots)?;

@@ -246,6 +246,7 @@ impl<'a> Learner<'a, ReplaySource> {
             state,
             optimizer_file,
         } = resumed(opts, &dir)?;
+        let state_stage_step = state.stage_step;
         let chat = Chat::from_dir(&tokenizer.dir)?;
         let (optimizer, consumed) =
             restore_progress(opts, &policy, &state, optimizer_file, group.as_ref())?;
@@ -265,6 +266,7 @@ impl<'a> Learner<'a, ReplaySource> {
             progressed: consumed.clone(),
             consumed,
             steps_here: 0,
+            checkpointed_at: state_stage_step,
             idle_s: 0.0,
             stop,
             heartbeat: Instant::now(),
@@ -281,7 +283,14 @@ impl<'a> Learner<'a, ReplaySource> {
     ) -> Result<Self> {
         let started = Instant::now();
         let snapshots = opts.run_dir.join("snapshots");
-        let origin = match crate::snapshot::latest_complete(&snapshots)? {
+        // A resumed learner starts from the newest checkpoint (removing the weights-only
+        // snapshots after it); without --resume nothing is touched.
+        let newest = if opts.resume {
+            crate::snapshot::latest_checkpoint(&snapshots)?
+        } else {
+            crate::snapshot::latest_complete(&snapshots)?
+        };
+        let origin = match newest {
             Some(info) if !opts.resume => {
                 return Err(LearnerError::RunDir(format!(
                     "{} already holds snapshot v{}; pass --resume to continue that run, or \
@@ -299,6 +308,7 @@ impl<'a> Learner<'a, ReplaySource> {
             state,
             optimizer_file,
         } = origin;
+        let state_stage_step = state.stage_step;
         let chat = Chat::from_dir(&tokenizer.dir)?;
         let (optimizer, consumed) = restore_progress(opts, &policy, &state, optimizer_file, group)?;
         let replay_root = opts.run_dir.join("replay");
@@ -323,6 +333,7 @@ impl<'a> Learner<'a, ReplaySource> {
             progressed: consumed.clone(),
             consumed,
             steps_here: 0,
+            checkpointed_at: state_stage_step,
             idle_s: 0.0,
             stop,
             heartbeat: Instant::now(),

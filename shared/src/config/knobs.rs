@@ -97,6 +97,14 @@ knobs! {
     token_budget: usize = 0, flag "token-budget";
     /// Publish a snapshot every this many optimizer steps.
     publish_every: usize = 1, flag "publish-every";
+    /// Which published snapshots inside a stage are checkpoints: one at least this many
+    /// optimizer steps after the stage's last one (and always the stage's step 0, its end and
+    /// the snapshot of a stop). A checkpoint holds the optimizer state (each learner rank
+    /// its shard) and commits the replay position it covers; the snapshots between are
+    /// weights only, for the actors. Resume starts from the newest checkpoint (later
+    /// snapshots are removed) and reads the rollouts after its replay position again, so at
+    /// most this many steps are recomputed and no rollout is lost. 1 = every snapshot.
+    checkpoint_every: usize = 1, flag "checkpoint-every";
     /// Drop rollouts more than this many policy versions old (0 = strictly on-policy).
     max_staleness: u64 = 1, flag "max-staleness";
     /// Compute threads of the learner (0 = the runtime's default).
@@ -160,6 +168,7 @@ impl LearnerConfig {
     pub(crate) fn validate(&self) -> Result<()> {
         at_least("learner.micro_batch", self.micro_batch as u64, 1)?;
         at_least("learner.publish_every", self.publish_every as u64, 1)?;
+        at_least("learner.checkpoint_every", self.checkpoint_every as u64, 1)?;
         at_least("learner.keep_snapshots", self.keep_snapshots as u64, 1)?;
         at_least("learner.max_bad_steps", self.max_bad_steps as u64, 1)?;
         if self.activation_checkpointing > MAX_CHECKPOINT_INTERVAL {

@@ -32,6 +32,15 @@ pub struct LearnerState {
     pub filter_metrics: FilterMetrics,
     /// Per-prompt outcome tracking of the current RL stage, when one runs.
     pub prompt_tracker: Option<TrackerState>,
+    /// Whether the snapshot is a checkpoint a learner resumes from (`learner.checkpoint_every`):
+    /// it holds the optimizer state of a stage under way and its replay position is committed.
+    /// `false`: weights for the actors only. Snapshots of earlier builds are checkpoints.
+    #[serde(default = "is_checkpoint_by_default")]
+    pub checkpoint: bool,
+}
+
+fn is_checkpoint_by_default() -> bool {
+    true
 }
 
 impl LearnerState {
@@ -47,6 +56,7 @@ impl LearnerState {
             stage_progress: StageProgress::default(),
             filter_metrics: FilterMetrics::default(),
             prompt_tracker: None,
+            checkpoint: true,
         }
     }
 }

@@ -47,6 +47,13 @@ impl<'a> Supervisor<'a> {
         let config_arg = config_path.display().to_string();
         let run_dir_arg = run_dir.display().to_string();
         let resume = run_dir.join("snapshots").join("LATEST").exists();
+        if resume {
+            // Before any actor reads LATEST: back to the newest checkpoint, without the
+            // weights-only snapshots after it (`learner.checkpoint_every`), which the learner
+            // recomputes under the same versions. The learner does the same at its start.
+            cascade_learner::snapshot::latest_checkpoint(&run_dir.join("snapshots"))
+                .context("finding the checkpoint to resume from")?;
+        }
         let devices = config.devices.learner_devices();
         let world = devices.len();
         // Rank 0 listens on a free local port (the ranks of `cascade run` share this node).
