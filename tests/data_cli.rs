@@ -238,9 +238,17 @@ fn a_schema_that_does_not_parse_is_a_usage_error_naming_the_flag() {
             let mut args = cmd.clone();
             args.extend(["--schema", schema]);
             let out = cascade(&args);
-            assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out.stderr));
+            assert_eq!(
+                out.status.code(),
+                Some(2),
+                "{args:?}: {}",
+                text(&out.stderr)
+            );
             let err = text(&out.stderr);
-            assert!(err.contains("--schema") && err.contains(why), "{args:?}: {err}");
+            assert!(
+                err.contains("--schema") && err.contains(why),
+                "{args:?}: {err}"
+            );
         }
     }
 }
@@ -277,7 +285,10 @@ fn convert_output_does_not_depend_on_parse_threads() {
         ]);
         assert!(out.status.success(), "{}", text(&out.stderr));
         let err = text(&out.stderr);
-        assert!(err.contains("2500 rows written") && err.contains("9 rejected"), "{err}");
+        assert!(
+            err.contains("2500 rows written") && err.contains("9 rejected"),
+            "{err}"
+        );
         let rejections: Vec<String> = err
             .lines()
             .filter(|l| l.starts_with("rejected:"))

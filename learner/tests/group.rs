@@ -613,7 +613,11 @@ fn weights_only_snapshots_between_checkpoints_and_resume_from_the_last_checkpoin
         run_group_with(opts(&dir, false, Some(SFT_STEPS + 5)), 2),
         LearnerExit::Stopped
     );
-    assert_eq!(state(&dir, SFT_STEPS + 5)["checkpoint"], true, "a stop checkpoints");
+    assert_eq!(
+        state(&dir, SFT_STEPS + 5)["checkpoint"],
+        true,
+        "a stop checkpoints"
+    );
     std::fs::remove_dir_all(snap(&dir, SFT_STEPS + 5))?;
     std::fs::write(
         dir.join("snapshots").join("LATEST"),

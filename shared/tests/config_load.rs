@@ -225,7 +225,10 @@ fn cross_field_checks() {
     };
     for (body, needle) in [
         ("learner = \"gpu:0\"", "allowed"),
-        ("learner = [\"cuda:4-7\", \"cuda:5\"]", "cuda:5 is listed twice"),
+        (
+            "learner = [\"cuda:4-7\", \"cuda:5\"]",
+            "cuda:5 is listed twice",
+        ),
         ("learner = [\"cpu\", \"cpu\"]", "learner_ranks"),
         ("learner = []", "no device listed"),
         (
@@ -238,7 +241,10 @@ fn cross_field_checks() {
         ),
     ] {
         let e = err(&devices(body));
-        assert!(e.contains("devices.learner") && e.contains(needle), "{body}: {e}");
+        assert!(
+            e.contains("devices.learner") && e.contains(needle),
+            "{body}: {e}"
+        );
     }
 }
 

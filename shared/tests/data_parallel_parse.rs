@@ -21,7 +21,11 @@ fn write_file(path: &Path, first: usize, rows: usize, pad: usize) {
         if i % 251 == 7 {
             writeln!(f, "{{\"problem\": \"broken").unwrap();
         } else if i % 389 == 11 {
-            writeln!(f, "{{\"problem\": \"What is {i} + {i}?\", \"pad\": \"{padding}\"}}").unwrap();
+            writeln!(
+                f,
+                "{{\"problem\": \"What is {i} + {i}?\", \"pad\": \"{padding}\"}}"
+            )
+            .unwrap();
         } else {
             writeln!(
                 f,
