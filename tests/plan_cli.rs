@@ -50,6 +50,13 @@ fn the_8b_recipe_fits_on_8_h200s_with_4_learner_ranks_and_not_with_one() {
     assert!(t.contains("8190735360 parameters"), "{t}");
     assert!(t.contains("learner rank 3 on cuda:7"), "{t}");
     assert!(!t.contains("DOES NOT FIT"), "{t}");
+    // What the learner writes per step: weights every step, optimizer state every 20th.
+    assert!(
+        t.contains("16.4 GB of weights every 1 step(s)")
+            && t.contains("a checkpoint every 20 step(s) adds 98.3 GB")
+            && t.contains("21.3 GB written per step"),
+        "{t}"
+    );
     // One learner process alone does not fit: exit 2, and the advice names the knob.
     let out = cascade(&[
         "plan",
@@ -58,7 +65,7 @@ fn the_8b_recipe_fits_on_8_h200s_with_4_learner_ranks_and_not_with_one() {
         "--set",
         &set,
         "--set",
-        "devices.learner_ranks=1",
+        "devices.learner=cuda:7",
         "--device-memory",
         "141GB",
     ]);

@@ -203,6 +203,33 @@ pub fn fused_attention_on(device: Device, model: &ModelConfig, dtype: DtypeChoic
     }
 }
 
+/// What the learner writes to disk per step: every `publish_every` steps the weights in the
+/// training dtype; every `checkpoint_every` steps (a multiple of the publishes) also the f32
+/// master weights and Adam moments, 12 bytes per parameter, each rank its 1/W in parallel.
+fn snapshot_note(config: &RunConfig, model: &ModelConfig, learner_device: Device) -> String {
+    let params = model.num_parameters() as u64;
+    let weights = params * dtype_bytes(config.model.dtype, learner_device);
+    let optimizer = params * 12;
+    let publish = config.learner.publish_every.max(1) as u64;
+    // A checkpoint is the first publish at least `checkpoint_every` steps after the last one.
+    let checkpoint = config
+        .learner
+        .checkpoint_every
+        .max(1)
+        .div_ceil(publish as usize) as u64
+        * publish;
+    let ranks = config.devices.learner_devices().len() as u64;
+    format!(
+        "snapshots: {} of weights every {publish} step(s); a checkpoint every {checkpoint} \
+         step(s) adds {} of optimizer state ({} per learner rank, written in parallel): {} \
+         written per step on average (learner.publish_every, learner.checkpoint_every)",
+        format_bytes(weights),
+        format_bytes(optimizer),
+        format_bytes(optimizer.div_ceil(ranks)),
+        format_bytes(weights / publish + optimizer / checkpoint)
+    )
+}
+
 /// Builds the plan of `config` with the policy architecture `model`. `reward_model` gives the
 /// architecture of a stage's reward model (by stage index) where it differs from the policy's
 /// or is known; without an entry the policy's architecture is assumed (the in-run reward model
@@ -266,6 +293,7 @@ pub fn plan(
          processes stop), the SWE judge, tokenizer and host-side buffers"
             .into(),
     );
+    notes.push(snapshot_note(config, model, learner_device));
     Plan {
         parameters: model.num_parameters() as u64,
         stages,
