@@ -116,3 +116,35 @@ fn bad_snapshots_are_refused_and_generation_goes_on() {
     assert!(watch.poll(Some(engine.model().config())).unwrap().is_none());
     assert_eq!(watch.current(), Some(5));
 }
+
+/// A learner resumed from its last checkpoint removes the weights-only snapshots after it and
+/// points LATEST back at the checkpoint: an actor whose snapshot was removed loads the
+/// checkpoint's weights, then follows the versions the learner publishes again. An older
+/// LATEST while the actor's own snapshot still exists is not a rollback and changes nothing.
+#[test]
+fn an_actor_follows_the_learner_back_to_its_checkpoint() {
+    let run = tempfile::tempdir().unwrap();
+    let snaps = run.path().join("snapshots");
+    let cfg = common::tiny_config(256);
+    let mut watch = SnapshotWatch::new(&snaps, 3, Device::Cpu);
+    common::publish_tiny(&snaps, 3, &cfg, 13, 1);
+    common::publish_tiny(&snaps, 5, &cfg, 15, 1);
+    assert_eq!(watch.poll(None).unwrap().expect("v5 loads").version, 5);
+    // An older LATEST with v5 still there: nothing to do.
+    latest(&snaps, 3);
+    assert!(watch.poll(None).unwrap().is_none());
+    assert_eq!(watch.current(), Some(5));
+    // The resumed learner removed v5: back to v3.
+    latest(&snaps, 5);
+    assert!(watch.poll(None).unwrap().is_none());
+    std::fs::remove_dir_all(snaps.join("v000005")).unwrap();
+    latest(&snaps, 3);
+    let back = watch.poll(None).unwrap().expect("the checkpoint loads");
+    assert_eq!(back.version, 3);
+    assert_eq!(ack(&snaps), 3);
+    // The learner's new v4 and v5 are taken as they come.
+    common::publish_tiny(&snaps, 4, &cfg, 24, 1);
+    assert_eq!(watch.poll(None).unwrap().expect("v4").version, 4);
+    common::publish_tiny(&snaps, 5, &cfg, 25, 1);
+    assert_eq!(watch.poll(None).unwrap().expect("new v5").version, 5);
+}

@@ -206,6 +206,78 @@ fn retention_keeps_recent_stage_final_and_acknowledged() -> Result<()> {
     Ok(())
 }
 
+/// `learner.checkpoint_every`: snapshots that are not checkpoints hold weights only; retention
+/// keeps the newest checkpoint however many weights-only snapshots follow it, and
+/// `latest_checkpoint` goes back to it, removing the later ones and pointing `LATEST` at it.
+#[test]
+fn the_newest_checkpoint_is_kept_and_resumed_from() -> Result<()> {
+    use cascade_learner::snapshot::latest_checkpoint;
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("snapshots");
+    let vars = varmap_from(&fixture_dir().join("policy.safetensors"))?;
+    let opt = AdamW::from_varmap(&vars, AdamWConfig::default())?;
+    let model = model_tensors(&vars);
+    // v1..v3 checkpoints, v4..v7 weights only.
+    for v in 1..=7u64 {
+        let checkpoint = v <= 3;
+        let st = LearnerState {
+            checkpoint,
+            ..state(v)
+        };
+        let input = SnapshotInput {
+            model: &model,
+            optimizer: checkpoint.then_some(&opt as &dyn cascade_learner::optim::OptimizerState),
+            state: &st,
+            config_json: br#"{"model_type": "stand_in"}"#,
+            tokenizer_json: b"{}",
+            extra_files: &[],
+            stage_final: false,
+        };
+        publish(&dir, v, &input)?;
+        assert_eq!(
+            dir.join(format!("v{v:06}"))
+                .join("optimizer.safetensors")
+                .exists(),
+            checkpoint
+        );
+    }
+    // A weights-only snapshot given optimizer state, or a checkpoint without it, is refused.
+    let wrong = LearnerState {
+        checkpoint: false,
+        ..state(8)
+    };
+    let e = publish(
+        &dir,
+        8,
+        &SnapshotInput {
+            model: &model,
+            optimizer: Some(&opt),
+            state: &wrong,
+            config_json: b"{}",
+            tokenizer_json: b"{}",
+            extra_files: &[],
+            stage_final: false,
+        },
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("weights only"), "{e}");
+    // The newest two (v7, v6) and the newest checkpoint (v3) stay.
+    assert_eq!(retain(&dir, 2)?, vec![5, 4, 2, 1]);
+    let left: Vec<bool> = (1..=7)
+        .map(|v| dir.join(format!("v{v:06}")).exists())
+        .collect();
+    assert_eq!(left, [false, false, true, false, false, true, true]);
+    let info = latest_checkpoint(&dir)?.expect("a checkpoint");
+    assert_eq!(info.version, 3);
+    assert_eq!(cascade_shared::snapshot::read_latest(&dir), Some(3));
+    for v in 6..=7 {
+        assert!(!dir.join(format!("v{v:06}")).exists(), "v{v} removed");
+    }
+    // Idempotent.
+    assert_eq!(latest_checkpoint(&dir)?.map(|i| i.version), Some(3));
+    Ok(())
+}
+
 #[test]
 fn resume_from_snapshot_is_bit_identical() -> Result<()> {
     let cfg = GrpoConfig::default();
