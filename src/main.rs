@@ -63,7 +63,26 @@ enum Command {
     Report(commands::report::ReportArgs),
 }
 
+/// Raises the soft limit on open files to the hard one: a dataset given as a directory or glob
+/// of shards keeps each file open from its indexing on (read by position, never reopened), and
+/// distributions start processes at a soft limit of 1024 under a much higher hard one. The
+/// sandbox of model-written code sets its own, low, limit in the child.
+fn raise_open_file_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct passed.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
 fn main() {
+    raise_open_file_limit();
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
         keep_freed_memory();
     }

@@ -299,3 +299,35 @@ fn convert_output_does_not_depend_on_parse_threads() {
     assert!(outputs[0].0 == outputs[1].0, "the converted files differ");
     assert_eq!(outputs[0].1, outputs[1].1);
 }
+
+/// A dataset of more shards than the soft open-file limit the process starts with: every shard
+/// stays open from its indexing on, so `cascade` raises the soft limit to the hard one.
+#[test]
+fn more_shards_than_the_soft_open_file_limit_are_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("shards");
+    std::fs::create_dir(&dir).unwrap();
+    for s in 0..150 {
+        std::fs::write(
+            dir.join(format!("part-{s:05}.jsonl")),
+            format!(
+                "{{\"problem\": \"What is {s} + {s}?\", \"answer\": \"{}\"}}\n",
+                2 * s
+            ),
+        )
+        .unwrap();
+    }
+    // The hard limit stays; only the soft one starts low (as a login shell's 1024 would).
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -Sn 64 && exec \"$0\" data inspect {} --domain math --show 0",
+            dir.display()
+        ))
+        .arg(env!("CARGO_BIN_EXE_cascade"))
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert!(stdout.contains("accepted: 150, rejected: 0"), "{stdout}");
+}
