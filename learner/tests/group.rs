@@ -171,7 +171,12 @@ fn run_dir(root: &Path, name: &str, groups: usize) -> Result<PathBuf> {
 }
 
 fn options(dir: &Path, publish_every: u64, resume: bool, max_steps: Option<u64>) -> LearnerOptions {
-    let config = RunConfig::parse(&config_text(publish_every), "group.toml", dir, &[]).unwrap();
+    options_of(&config_text(publish_every), dir, resume, max_steps)
+}
+
+/// The learner options of the config `text`.
+fn options_of(text: &str, dir: &Path, resume: bool, max_steps: Option<u64>) -> LearnerOptions {
+    let config = RunConfig::parse(text, "group.toml", dir, &[]).unwrap();
     LearnerOptions {
         run_dir: dir.to_path_buf(),
         device: Device::Cpu,
@@ -271,6 +276,16 @@ fn step_log(dir: &Path) -> Vec<(String, f64, f64)> {
             )
         })
         .collect()
+}
+
+/// The policy version the (first) resume of the run in `dir` started from.
+fn resumed_at(dir: &Path) -> Option<u64> {
+    std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|e| e["event"] == "resume")
+        .and_then(|e| e["policy_version"].as_u64())
 }
 
 fn rel(a: f64, b: f64) -> f64 {
@@ -385,17 +400,12 @@ fn a_run_checkpointed_by_two_ranks_resumes_with_one_two_or_three() -> Result<()>
             std::fs::write(&shard, bytes)?;
         }
         assert_eq!(run_group(&dir, world, true, None), LearnerExit::Completed);
-        let resumed_at = std::fs::read_to_string(dir.join("metrics.jsonl"))?
-            .lines()
-            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-            .find(|e| e["event"] == "resume")
-            .and_then(|e| e["policy_version"].as_u64());
         let expected = if world == 1 {
             SFT_STEPS + 2
         } else {
             SFT_STEPS + 3
         };
-        assert_eq!(resumed_at, Some(expected), "{world} ranks");
+        assert_eq!(resumed_at(&dir), Some(expected), "{world} ranks");
         let diff = max_rel_diff(&reference, &weights(&dir, end));
         eprintln!("checkpointed by 2 ranks, resumed with {world}: weights within {diff:.3e} of the uninterrupted run");
         if world == 2 {
@@ -555,20 +565,14 @@ fn a_sharded_adamw_step_is_the_adamw_step() -> Result<()> {
 fn weights_only_snapshots_between_checkpoints_and_resume_from_the_last_checkpoint() -> Result<()> {
     let root = tempfile::tempdir()?;
     let groups = BATCH_PROMPTS * RL_STEPS as usize;
+    let text = config_text(1).replace(
+        "publish_every = 1",
+        "publish_every = 1\ncheckpoint_every = 3",
+    );
     let opts = |dir: &Path, resume: bool, max_steps: Option<u64>| {
-        let text = config_text(1).replace(
-            "publish_every = 1",
-            "publish_every = 1\ncheckpoint_every = 3",
-        );
-        let config = RunConfig::parse(&text, "group.toml", dir, &[]).unwrap();
-        assert_eq!(config.learner.checkpoint_every, 3);
-        LearnerOptions {
-            run_dir: dir.to_path_buf(),
-            device: Device::Cpu,
-            config,
-            resume,
-            max_steps,
-        }
+        let opts = options_of(&text, dir, resume, max_steps);
+        assert_eq!(opts.config.learner.checkpoint_every, 3);
+        opts
     };
     let whole = run_dir(root.path(), "whole", groups)?;
     assert_eq!(
@@ -628,12 +632,7 @@ fn weights_only_snapshots_between_checkpoints_and_resume_from_the_last_checkpoin
         run_group_with(opts(&dir, true, None), 2),
         LearnerExit::Completed
     );
-    let resumed_at = std::fs::read_to_string(dir.join("metrics.jsonl"))?
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .find(|e| e["event"] == "resume")
-        .and_then(|e| e["policy_version"].as_u64());
-    assert_eq!(resumed_at, Some(SFT_STEPS + 3));
+    assert_eq!(resumed_at(&dir), Some(SFT_STEPS + 3));
     let end = SFT_STEPS + RL_STEPS;
     let diff = max_rel_diff(&weights(&whole, end), &weights(&dir, end));
     assert_eq!(diff, 0.0, "resumed from the last checkpoint: bit-identical");
