@@ -511,7 +511,19 @@ fn on_policy_two_rank_learner_killed_and_resumed_ends_bit_identical_to_an_uninte
     on_policy_kill_and_resume(2, "learner-1");
 }
 
+/// The same with checkpoints every 3 steps only (`--checkpoint-every 3`, issue 17): the
+/// snapshots between are weights only, the resume goes back to the last checkpoint and
+/// recomputes the steps after it from the replay log, and the run still ends bit-identical.
+#[test]
+fn on_policy_run_with_sparse_checkpoints_killed_and_resumed_ends_bit_identical() {
+    on_policy_kill_and_resume_with(1, "learner", &["--checkpoint-every", "3"]);
+}
+
 fn on_policy_kill_and_resume(ranks: usize, victim: &str) {
+    on_policy_kill_and_resume_with(ranks, victim, &[]);
+}
+
+fn on_policy_kill_and_resume_with(ranks: usize, victim: &str, extra: &[&str]) {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = on_policy_config(tmp.path());
     let ranks_arg = ranks.to_string();
@@ -525,6 +537,7 @@ fn on_policy_kill_and_resume(ranks: usize, victim: &str) {
                 "--config",
             ])
             .arg(&cfg)
+            .args(extra)
             .arg("--run-dir")
             .arg(dir)
             .output()
@@ -544,6 +557,7 @@ fn on_policy_kill_and_resume(ranks: usize, victim: &str) {
             "--config",
         ])
         .arg(&cfg)
+        .args(extra)
         .arg("--run-dir")
         .arg(&b)
         .stdout(Stdio::null())
@@ -551,11 +565,21 @@ fn on_policy_kill_and_resume(ranks: usize, victim: &str) {
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(300);
-    while rl_steps_done(&b) < 3 {
+    // With sparse checkpoints: killed once a weights-only snapshot is out (RL step 4 or 5), so
+    // that the resume has to go back past it.
+    let weights_only = |dir: &Path| {
+        events(dir)
+            .into_iter()
+            .filter(|e| e["event"] == "snapshot" && e["checkpoint"] == false)
+            .filter_map(|e| e["policy_version"].as_u64())
+            .max()
+    };
+    while rl_steps_done(&b) < 3 || (!extra.is_empty() && weights_only(&b).is_none_or(|v| v < 4)) {
         assert!(Instant::now() < deadline, "no progress");
         std::thread::sleep(Duration::from_millis(20));
     }
     kill(pid_of(&b, victim).unwrap());
+    let newest_before_kill = weights_only(&b);
     let out = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
@@ -584,6 +608,24 @@ fn on_policy_kill_and_resume(ranks: usize, victim: &str) {
         final_weights(&a) == final_weights(&b),
         "final weights differ between the uninterrupted and the resumed run"
     );
+    if !extra.is_empty() {
+        // The resume started from a checkpoint.
+        let resumed = events(&b)
+            .into_iter()
+            .find(|e| e["event"] == "resume")
+            .expect("a resume event");
+        let v = resumed["policy_version"].as_u64().unwrap();
+        let published = events(&b)
+            .into_iter()
+            .find(|e| e["event"] == "snapshot" && e["policy_version"] == v)
+            .expect("the snapshot resumed from was published");
+        assert_eq!(published["checkpoint"], true, "resumed from v{v}");
+        let newest = newest_before_kill.expect("a weights-only snapshot before the kill");
+        assert!(
+            v < newest,
+            "resumed from v{v}, before the weights-only v{newest} published before the kill"
+        );
+    }
 }
 
 #[test]

@@ -118,6 +118,7 @@ impl<S: RolloutSource> Learner<'_, S> {
             policy_version: Some(version),
             stage_index: Some(u64::from(self.state.stage_index)),
             stage_final: Some(stage_final),
+            checkpoint: Some(checkpoint),
             publish_s: Some(started.elapsed().as_secs_f64()),
             deleted: Some(deleted),
         });

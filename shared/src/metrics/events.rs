@@ -317,6 +317,9 @@ pub struct Snapshot {
     pub stage_index: Option<u64>,
     /// It ends a stage (kept by retention).
     pub stage_final: Option<bool>,
+    /// It is a checkpoint (optimizer state, committed replay position) rather than weights
+    /// only (`learner.checkpoint_every`).
+    pub checkpoint: Option<bool>,
     /// Seconds to write and publish it.
     pub publish_s: Option<f64>,
     /// Versions deleted by retention afterwards.
