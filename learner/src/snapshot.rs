@@ -210,15 +210,9 @@ pub fn latest_complete(snapshots_dir: &Path) -> Result<Option<SnapshotInfo>> {
     Ok(None)
 }
 
-/// Whether the complete snapshot `info` is a checkpoint a learner can resume from: its state
-/// says so (snapshots of earlier builds are), or it is at a stage's step 0, where the stage
-/// starts a fresh optimizer anyway.
-fn is_checkpoint(info: &SnapshotInfo) -> Result<bool> {
-    is_checkpoint_dir(&info.dir)
-}
-
-/// [`is_checkpoint`] of the snapshot in `dir` from its `state.json` alone (no checksums: for
-/// decisions that do not use the snapshot's data).
+/// Whether the snapshot in `dir` is a checkpoint a learner can resume from, from its
+/// `state.json` alone (no checksums): its state says so (snapshots of earlier builds are), or
+/// it is at a stage's step 0, where the stage starts a fresh optimizer anyway.
 fn is_checkpoint_dir(dir: &Path) -> Result<bool> {
     let path = dir.join(STATE_FILE);
     let bytes = fs::read(&path).map_err(|e| SnapshotError::io(&path, e))?;
@@ -227,55 +221,81 @@ fn is_checkpoint_dir(dir: &Path) -> Result<bool> {
     Ok(state.checkpoint || state.stage_step == 0)
 }
 
-/// The newest complete snapshot that is a checkpoint (`learner.checkpoint_every`), after
-/// removing every snapshot newer than it: weights-only snapshots published after the last
-/// checkpoint belong to steps that a resumed learner recomputes (under the same version
-/// numbers), and an actor must not take their weights for the new ones. `LATEST` then names
-/// the checkpoint. Corrupt snapshots are skipped as [`latest_complete`] skips them.
+/// Deletes the snapshot directory `dir` of `version`: renamed aside first, so that a crash
+/// half-way leaves a `*.tmp` entry that the next start removes, never a partial `vNNNNNN`.
+fn remove_version(snapshots_dir: &Path, version: u64, dir: &Path) -> Result<()> {
+    let doomed = snapshots_dir.join(format!("{}.del.tmp", version_dir_name(version)));
+    fs::rename(dir, &doomed).map_err(|e| SnapshotError::io(dir, e))?;
+    fs::remove_dir_all(&doomed).map_err(|e| SnapshotError::io(&doomed, e))?;
+    Ok(())
+}
+
+/// Removes every snapshot newer than `version` and points `LATEST` at it; the removed versions.
+fn roll_back_to(snapshots_dir: &Path, version: u64) -> Result<Vec<u64>> {
+    let mut removed = Vec::new();
+    for (v, dir) in list_versions(snapshots_dir)? {
+        if v > version {
+            remove_version(snapshots_dir, v, &dir)?;
+            removed.push(v);
+        }
+    }
+    write_latest(snapshots_dir, version)?;
+    fsync_dir(snapshots_dir)?;
+    tracing::info!(
+        "resuming from checkpoint v{version}: removed the weights-only snapshots after it {removed:?}"
+    );
+    Ok(removed)
+}
+
+/// The newest complete snapshot that is a checkpoint (`learner.checkpoint_every`). When newer
+/// complete snapshots are weights only, every snapshot newer than the checkpoint is removed and
+/// `LATEST` names the checkpoint: those snapshots belong to steps that a resumed learner
+/// recomputes under the same version numbers, and an actor must not take their weights for the
+/// new ones. Corrupt snapshots are skipped as [`latest_complete`] skips them.
 pub fn latest_checkpoint(snapshots_dir: &Path) -> Result<Option<SnapshotInfo>> {
     let Some(newest) = latest_complete(snapshots_dir)? else {
         return Ok(None);
     };
-    if is_checkpoint(&newest)? {
+    if is_checkpoint_dir(&newest.dir)? {
         return Ok(Some(newest));
     }
-    let mut found = None;
     for (version, dir) in list_versions(snapshots_dir)? {
         if version >= newest.version {
             continue;
         }
         match verify(&dir) {
-            Ok(info) if is_checkpoint(&info)? => {
-                found = Some(info);
-                break;
+            Ok(info) if is_checkpoint_dir(&info.dir)? => {
+                roll_back_to(snapshots_dir, version)?;
+                return Ok(Some(info));
             }
             Ok(_) => {}
             Err(e) => tracing::warn!("skipping snapshot {}: {e}", dir.display()),
         }
     }
-    let Some(checkpoint) = found else {
-        return Err(LearnerError::State(format!(
-            "{}: no checkpoint to resume from (the newest complete snapshot v{} is weights              only and no earlier one is a checkpoint)",
-            snapshots_dir.display(),
-            newest.version
-        )));
-    };
-    let mut removed = Vec::new();
-    for (version, dir) in list_versions(snapshots_dir)? {
-        if version > checkpoint.version {
-            let doomed = snapshots_dir.join(format!("{}.del.tmp", version_dir_name(version)));
-            fs::rename(&dir, &doomed).map_err(|e| SnapshotError::io(&dir, e))?;
-            fs::remove_dir_all(&doomed).map_err(|e| SnapshotError::io(&doomed, e))?;
-            removed.push(version);
-        }
+    Err(LearnerError::State(format!(
+        "{}: no checkpoint to resume from (the newest complete snapshot v{} is weights only \
+         and no earlier one is a checkpoint)",
+        snapshots_dir.display(),
+        newest.version
+    )))
+}
+
+/// [`latest_checkpoint`]'s removal of the weights-only snapshots after the newest checkpoint,
+/// judged from the completion markers and `state.json` alone (no checksums): for `cascade run`,
+/// which does it before any actor reads `LATEST`, leaving the verification to the learner.
+/// The removed versions.
+pub fn drop_after_newest_checkpoint(snapshots_dir: &Path) -> Result<Vec<u64>> {
+    let complete: Vec<(u64, std::path::PathBuf)> = list_versions(snapshots_dir)?
+        .into_iter()
+        .filter(|(_, dir)| dir.join(COMPLETE_FILE).exists())
+        .collect();
+    let checkpoint = complete
+        .iter()
+        .position(|(_, dir)| is_checkpoint_dir(dir).unwrap_or(false));
+    match checkpoint {
+        Some(i) if i > 0 => roll_back_to(snapshots_dir, complete[i].0),
+        _ => Ok(Vec::new()),
     }
-    write_latest(snapshots_dir, checkpoint.version)?;
-    fsync_dir(snapshots_dir)?;
-    tracing::info!(
-        "resuming from checkpoint v{}: removed the weights-only snapshots after it {removed:?}",
-        checkpoint.version
-    );
-    Ok(Some(checkpoint))
 }
 
 /// Copies the snapshot's weights into every variable of `varmap` (cast to the variable's dtype).
@@ -335,9 +355,7 @@ pub fn retain(snapshots_dir: &Path, keep_last: usize) -> Result<Vec<u64>> {
         if stage_final {
             continue;
         }
-        let doomed = snapshots_dir.join(format!("{}.del.tmp", version_dir_name(version)));
-        fs::rename(&dir, &doomed).map_err(|e| SnapshotError::io(&dir, e))?;
-        fs::remove_dir_all(&doomed).map_err(|e| SnapshotError::io(&doomed, e))?;
+        remove_version(snapshots_dir, version, &dir)?;
         deleted.push(version);
     }
     if !deleted.is_empty() {

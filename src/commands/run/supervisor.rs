@@ -50,8 +50,9 @@ impl<'a> Supervisor<'a> {
         if resume {
             // Before any actor reads LATEST: back to the newest checkpoint, without the
             // weights-only snapshots after it (`learner.checkpoint_every`), which the learner
-            // recomputes under the same versions. The learner does the same at its start.
-            cascade_learner::snapshot::latest_checkpoint(&run_dir.join("snapshots"))
+            // recomputes under the same versions. The learner verifies and does the same at its
+            // start; here only markers and states are read.
+            cascade_learner::snapshot::drop_after_newest_checkpoint(&run_dir.join("snapshots"))
                 .context("finding the checkpoint to resume from")?;
         }
         let devices = config.devices.learner_devices();
