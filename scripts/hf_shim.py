@@ -3,7 +3,9 @@
 # Shim: transformers 4.51.3 does an unconditional `import torch.distributed.tensor`
 # which does not exist in Debian bookworm's torch 1.13. Nothing on the eager CPU path uses it.
 import sys, types, torch, torch.distributed
-if "torch.distributed.tensor" not in sys.modules:
+try:  # a current torch has it (../shared/tools/torch-current); only 1.13 needs the stub
+    import torch.distributed.tensor  # noqa: F401
+except ImportError:
     m = types.ModuleType("torch.distributed.tensor")
     class DTensor:  # never instantiated
         pass

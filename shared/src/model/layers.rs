@@ -106,6 +106,9 @@ impl RmsNorm {
             let x = x.contiguous()?;
             return Ok(candle_nn::ops::rms_norm(&x, &self.weight, self.eps as f32)?);
         }
+        if super::fused::applies(&[x, &self.weight]) {
+            return Ok(super::fused::rms_norm(x, &self.weight, self.eps)?);
+        }
         let dtype = x.dtype();
         let xf = x.to_dtype(DType::F32)?;
         let var = xf.sqr()?.mean_keepdim(D::Minus1)?;
@@ -222,7 +225,12 @@ impl Mlp {
 
     /// Applies the MLP.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let g = self.gate.forward(x)?.silu()?;
-        Ok(self.down.forward(&(g * self.up.forward(x)?)?)?)
+        let (g, u) = (self.gate.forward(x)?, self.up.forward(x)?);
+        let h = if super::fused::applies(&[&g, &u]) {
+            super::fused::swiglu(&g, &u)?
+        } else {
+            (g.silu()? * u)?
+        };
+        Ok(self.down.forward(&h)?)
     }
 }

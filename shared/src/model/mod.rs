@@ -11,6 +11,7 @@ mod causal_lm;
 mod config;
 mod decode;
 pub mod flash_attn;
+mod fused;
 mod initial;
 mod layers;
 mod recompute;

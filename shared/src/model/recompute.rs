@@ -298,12 +298,26 @@ pub(crate) fn chunked_logprobs(
         None => None,
     };
     let (hd, wd) = (hidden.detach(), weight.detach());
+    // The fused CPU kernels (f32 weights: the logits' gradient is not cast) need the targets
+    // on the host.
+    let fused = super::fused::applies(&[&wd]);
+    let host_targets: Vec<u32> = if fused {
+        targets.flatten_all()?.to_vec1()?
+    } else {
+        Vec::new()
+    };
     let mut lps = Vec::with_capacity(n.div_ceil(rows));
     let mut lses = Vec::with_capacity(n.div_ceil(rows));
     for start in (0..n).step_by(rows) {
         let len = rows.min(n - start);
         let inv_c = inv.as_ref().map(|i| i.narrow(0, start, len)).transpose()?;
         let z = chunk_logits(&hd.narrow(0, start, len)?, &wd, inv_c.as_ref())?;
+        if fused {
+            let both = super::fused::row_logprobs(&z, &host_targets[start..start + len])?;
+            lps.push(both.narrow(1, 0, 1)?);
+            lses.push(both.narrow(1, 1, 1)?);
+            continue;
+        }
         let max = z.max_keepdim(D::Minus1)?;
         let shifted = z.broadcast_sub(&max)?;
         drop(z);
@@ -336,6 +350,13 @@ pub(crate) fn chunked_logprobs(
         // the hidden states' gradient (n × h) is summed over the slices.
         // The same number of logits per step as the forward's chunks.
         let cols = (rows * vocab / n.max(1)).clamp(1, vocab.max(1));
+        let host = if fused {
+            let g: Vec<f32> = g.flatten_all()?.to_vec1()?;
+            let lse: Vec<f32> = lse.flatten_all()?.to_vec1()?;
+            Some((g, lse))
+        } else {
+            None
+        };
         let mut dh: Option<Tensor> = None;
         let dw = if track_w {
             Some(Tensor::zeros((vocab, h), wd.dtype(), wd.device())?)
@@ -346,12 +367,17 @@ pub(crate) fn chunked_logprobs(
             let len = cols.min(vocab - v0);
             let w_c = wd.narrow(0, v0, len)?;
             let z = chunk_logits(&hd, &w_c, inv.as_ref()).map_err(candle_core::Error::wrap)?;
-            let p = z.broadcast_sub(&lse)?.exp()?;
-            drop(z);
-            let ids =
-                Tensor::arange(v0 as u32, (v0 + len) as u32, wd.device())?.reshape((1, len))?;
-            let onehot = targets.broadcast_eq(&ids)?.to_dtype(DType::F32)?;
-            let dz = (onehot - p)?.broadcast_mul(&g)?.to_dtype(wd.dtype())?;
+            let dz = match &host {
+                Some((g, lse)) => super::fused::logprob_grad(&z, v0, &host_targets, lse, g)?,
+                None => {
+                    let p = z.broadcast_sub(&lse)?.exp()?;
+                    drop(z);
+                    let ids = Tensor::arange(v0 as u32, (v0 + len) as u32, wd.device())?
+                        .reshape((1, len))?;
+                    let onehot = targets.broadcast_eq(&ids)?.to_dtype(DType::F32)?;
+                    (onehot - p)?.broadcast_mul(&g)?.to_dtype(wd.dtype())?
+                }
+            };
             if track_h {
                 let part = dz.matmul(&w_c)?.to_dtype(DType::F32)?;
                 dh = Some(match dh.take() {

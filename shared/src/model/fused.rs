@@ -1,0 +1,566 @@
+//! Fused CPU kernels, with backward, for chains that the training forward otherwise runs as
+//! several candle ops, each a full pass over memory (and a fresh allocation):
+//!
+//! - [`rms_norm`]: `x / sqrt(mean(x²) + eps) * w` (unfused: 7 ops forward, about 15 in
+//!   backward);
+//! - [`swiglu`]: `silu(gate) * up` (unfused: 2 ops forward, 6 in backward);
+//! - [`row_logprobs`] / [`logprob_grad`]: the log-softmax gather of one chunk of LM-head logits
+//!   and its gradient (unfused: 6 and 7 passes over the `rows × vocab` chunk).
+//!
+//! f32 on the CPU only: callers check [`applies`] and keep the unfused path elsewhere (bf16,
+//! CUDA), which is also the reference these are tested against (the tests below: values and
+//! gradients to 1e-6 relative).
+//!
+//! Work is split into fixed-size tasks (independent of the thread count) and every reduction
+//! across tasks is summed in task order, so results are the same bits with any number of
+//! threads.
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Shape, Tensor};
+use rayon::prelude::*;
+
+/// Elements per parallel task of the elementwise kernels.
+const TASK: usize = 1 << 14;
+
+/// Whether the fused kernels apply: every tensor f32 on the CPU.
+pub(crate) fn applies(tensors: &[&Tensor]) -> bool {
+    tensors
+        .iter()
+        .all(|t| t.device().is_cpu() && t.dtype() == DType::F32)
+}
+
+/// The f32 elements of a contiguous CPU tensor.
+fn f32s<'a>(op: &str, what: &str, s: &'a CpuStorage, l: &Layout) -> candle_core::Result<&'a [f32]> {
+    let CpuStorage::F32(data) = s else {
+        candle_core::bail!("{op}: {what} must be f32, got {:?}", s.dtype())
+    };
+    match l.contiguous_offsets() {
+        Some((start, end)) => Ok(&data[start..end]),
+        None => candle_core::bail!("{op}: {what} is not contiguous"),
+    }
+}
+
+/// Rows per task for rows of `width` elements.
+fn rows_per_task(width: usize) -> usize {
+    (TASK / width.max(1)).max(1)
+}
+
+/// `x / sqrt(mean(x²) + eps) * w` over the last dimension of `x` (f32, CPU); `w` has that
+/// dimension's length. Differentiable in `x` and `w`.
+pub(crate) fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
+    x.contiguous()?
+        .apply_op2(&w.contiguous()?, RmsNorm { eps: eps as f32 })
+}
+
+struct RmsNorm {
+    eps: f32,
+}
+
+/// `sqrt(mean(x²) + eps)` of one row, summed in order as candle's `mean_keepdim` does.
+fn rms(row: &[f32], eps: f32) -> f32 {
+    let sq: f32 = row.iter().map(|v| v * v).sum();
+    (sq / row.len() as f32 + eps).sqrt()
+}
+
+/// Checks `x`'s last dimension against `w` and returns it.
+fn norm_width(op: &str, lx: &Layout, lw: &Layout) -> candle_core::Result<usize> {
+    let h = lw.shape().elem_count();
+    if lx.dims().last() != Some(&h) || lw.dims().len() != 1 {
+        candle_core::bail!(
+            "{op}: x {:?} and weight {:?} do not fit (weight is the last dimension)",
+            lx.dims(),
+            lw.dims()
+        );
+    }
+    Ok(h)
+}
+
+impl CustomOp2 for RmsNorm {
+    fn name(&self) -> &'static str {
+        "fused-rms-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let op = self.name();
+        let h = norm_width(op, l1, l2)?;
+        let (x, w) = (f32s(op, "x", s1, l1)?, f32s(op, "weight", s2, l2)?);
+        let mut y = vec![0f32; x.len()];
+        let chunk = rows_per_task(h) * h;
+        y.par_chunks_mut(chunk)
+            .zip(x.par_chunks(chunk))
+            .for_each(|(yc, xc)| {
+                for (yr, xr) in yc.chunks_mut(h).zip(xc.chunks(h)) {
+                    let s = rms(xr, self.eps);
+                    for ((y, &x), &w) in yr.iter_mut().zip(xr).zip(w) {
+                        *y = x / s * w;
+                    }
+                }
+            });
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _y: &Tensor,
+        dy: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        // One kernel writes dx and dw into one buffer; the two gradients are views of it.
+        let both = x.apply_op3_no_bwd(w, &dy.contiguous()?, &RmsNormBwd { eps: self.eps })?;
+        let (n, h) = (x.elem_count(), w.elem_count());
+        let dx = both.narrow(0, 0, n)?.reshape(x.shape())?;
+        let dw = both.narrow(0, n, h)?;
+        Ok((Some(dx), Some(dw)))
+    }
+}
+
+/// The gradients of [`RmsNorm`], `(x, w, dy) -> [dx (x's elements), dw (h)]` flat.
+///
+/// With `r = 1/sqrt(mean(x²) + eps)`, `x̂ = x·r`, `g = dy ⊙ w`:
+/// `dx = r·(g − x̂·mean(g ⊙ x̂))`, `dw = Σ_rows dy ⊙ x̂`.
+struct RmsNormBwd {
+    eps: f32,
+}
+
+impl CustomOp3 for RmsNormBwd {
+    fn name(&self) -> &'static str {
+        "fused-rms-norm-bwd"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let op = self.name();
+        let h = norm_width(op, l1, l2)?;
+        let (x, w) = (f32s(op, "x", s1, l1)?, f32s(op, "weight", s2, l2)?);
+        let dy = f32s(op, "dy", s3, l3)?;
+        if dy.len() != x.len() {
+            candle_core::bail!("{op}: dy {:?} is not x's shape {:?}", l3.dims(), l1.dims());
+        }
+        let n = x.len();
+        let mut out = vec![0f32; n + h];
+        let (dx, dw) = out.split_at_mut(n);
+        let chunk = rows_per_task(h) * h;
+        // Each task's share of dw, summed below in task order.
+        let partial: Vec<Vec<f32>> = dx
+            .par_chunks_mut(chunk)
+            .zip(x.par_chunks(chunk))
+            .zip(dy.par_chunks(chunk))
+            .map(|((dxc, xc), dyc)| {
+                let mut dw = vec![0f32; h];
+                for ((dxr, xr), dyr) in dxc.chunks_mut(h).zip(xc.chunks(h)).zip(dyc.chunks(h)) {
+                    let r = 1.0 / rms(xr, self.eps);
+                    let dot: f32 = xr
+                        .iter()
+                        .zip(dyr)
+                        .zip(w)
+                        .map(|((&x, &dy), &w)| dy * w * x * r)
+                        .sum();
+                    let c = dot / h as f32;
+                    for j in 0..h {
+                        let xh = xr[j] * r;
+                        dxr[j] = r * (dyr[j] * w[j] - xh * c);
+                        dw[j] += dyr[j] * xh;
+                    }
+                }
+                dw
+            })
+            .collect();
+        for p in partial {
+            for (d, v) in dw.iter_mut().zip(p) {
+                *d += v;
+            }
+        }
+        Ok((CpuStorage::F32(out), Shape::from(n + h)))
+    }
+}
+
+/// `silu(gate) * up` elementwise (f32, CPU, same shapes). Differentiable in both.
+pub(crate) fn swiglu(gate: &Tensor, up: &Tensor) -> candle_core::Result<Tensor> {
+    gate.contiguous()?.apply_op2(&up.contiguous()?, SwiGlu)
+}
+
+struct SwiGlu;
+
+/// `g · sigmoid(g)`, written as candle's `silu` is.
+fn silu(g: f32) -> f32 {
+    g / (1.0 + (-g).exp())
+}
+
+fn same_shape(op: &str, l1: &Layout, l2: &Layout) -> candle_core::Result<()> {
+    if l1.dims() != l2.dims() {
+        candle_core::bail!("{op}: shapes {:?} and {:?} differ", l1.dims(), l2.dims());
+    }
+    Ok(())
+}
+
+impl CustomOp2 for SwiGlu {
+    fn name(&self) -> &'static str {
+        "fused-swiglu"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let op = self.name();
+        same_shape(op, l1, l2)?;
+        let (g, u) = (f32s(op, "gate", s1, l1)?, f32s(op, "up", s2, l2)?);
+        let mut y = vec![0f32; g.len()];
+        y.par_chunks_mut(TASK)
+            .zip(g.par_chunks(TASK))
+            .zip(u.par_chunks(TASK))
+            .for_each(|((yc, gc), uc)| {
+                for ((y, &g), &u) in yc.iter_mut().zip(gc).zip(uc) {
+                    *y = silu(g) * u;
+                }
+            });
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        g: &Tensor,
+        u: &Tensor,
+        _y: &Tensor,
+        dy: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let both = g.apply_op3_no_bwd(u, &dy.contiguous()?, &SwiGluBwd)?;
+        let n = g.elem_count();
+        let dg = both.narrow(0, 0, n)?.reshape(g.shape())?;
+        let du = both.narrow(0, n, n)?.reshape(u.shape())?;
+        Ok((Some(dg), Some(du)))
+    }
+}
+
+/// The gradients of [`SwiGlu`], `(g, u, dy) -> [dg, du]` flat: with `s = sigmoid(g)`,
+/// `dg = dy·u·s·(1 + g·(1 − s))`, `du = dy·silu(g)`.
+struct SwiGluBwd;
+
+impl CustomOp3 for SwiGluBwd {
+    fn name(&self) -> &'static str {
+        "fused-swiglu-bwd"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let op = self.name();
+        same_shape(op, l1, l2)?;
+        same_shape(op, l1, l3)?;
+        let (g, u) = (f32s(op, "gate", s1, l1)?, f32s(op, "up", s2, l2)?);
+        let dy = f32s(op, "dy", s3, l3)?;
+        let n = g.len();
+        let mut out = vec![0f32; 2 * n];
+        let (dg, du) = out.split_at_mut(n);
+        dg.par_chunks_mut(TASK)
+            .zip(du.par_chunks_mut(TASK))
+            .zip(g.par_chunks(TASK).zip(u.par_chunks(TASK)))
+            .zip(dy.par_chunks(TASK))
+            .for_each(|(((dgc, duc), (gc, uc)), dyc)| {
+                for i in 0..gc.len() {
+                    let (g, u, dy) = (gc[i], uc[i], dyc[i]);
+                    let s = 1.0 / (1.0 + (-g).exp());
+                    dgc[i] = dy * u * s * (1.0 + g * (1.0 - s));
+                    duc[i] = dy * silu(g);
+                }
+            });
+        Ok((CpuStorage::F32(out), Shape::from(2 * n)))
+    }
+}
+
+/// For every row `i` of `z` `(n, vocab)` f32 (CPU): `[log_softmax(z_i)[targets_i], lse(z_i)]`,
+/// `(n, 2)`. Not differentiable (the caller's backward uses [`logprob_grad`]).
+pub(crate) fn row_logprobs(z: &Tensor, targets: &[u32]) -> candle_core::Result<Tensor> {
+    z.contiguous()?.apply_op1_no_bwd(&RowLogprobs { targets })
+}
+
+struct RowLogprobs<'a> {
+    targets: &'a [u32],
+}
+
+impl CustomOp1 for RowLogprobs<'_> {
+    fn name(&self) -> &'static str {
+        "fused-row-logprobs"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let op = self.name();
+        let (n, vocab) = l.shape().dims2()?;
+        let z = f32s(op, "logits", s, l)?;
+        if self.targets.len() != n {
+            candle_core::bail!("{op}: {} targets for {n} rows", self.targets.len());
+        }
+        if let Some(&t) = self.targets.iter().find(|&&t| t as usize >= vocab) {
+            candle_core::bail!("{op}: target {t} outside the vocabulary of {vocab}");
+        }
+        let mut out = vec![0f32; 2 * n];
+        out.par_chunks_mut(2)
+            .zip(z.par_chunks(vocab.max(1)))
+            .zip(self.targets.par_iter())
+            .for_each(|((o, row), &t)| {
+                // As the unfused path: shift by the max, log of the summed exps.
+                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let sum: f32 = row.iter().map(|&v| (v - max).exp()).sum();
+                let log_sum = sum.ln();
+                o[0] = (row[t as usize] - max) - log_sum;
+                o[1] = log_sum + max;
+            });
+        Ok((CpuStorage::F32(out), Shape::from((n, 2))))
+    }
+}
+
+/// The gradient of the row log-probs with respect to a slice of the logits: for `z` `(n, len)`
+/// holding vocabulary columns `v0..v0 + len`,
+/// `dz_ij = g_i · (1[v0 + j = targets_i] − exp(z_ij − lse_i))`, f32 (CPU).
+pub(crate) fn logprob_grad(
+    z: &Tensor,
+    v0: usize,
+    targets: &[u32],
+    lse: &[f32],
+    g: &[f32],
+) -> candle_core::Result<Tensor> {
+    z.contiguous()?.apply_op1_no_bwd(&LogprobGrad {
+        v0,
+        targets,
+        lse,
+        g,
+    })
+}
+
+struct LogprobGrad<'a> {
+    v0: usize,
+    targets: &'a [u32],
+    lse: &'a [f32],
+    g: &'a [f32],
+}
+
+impl CustomOp1 for LogprobGrad<'_> {
+    fn name(&self) -> &'static str {
+        "fused-logprob-grad"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let op = self.name();
+        let (n, len) = l.shape().dims2()?;
+        let z = f32s(op, "logits", s, l)?;
+        if self.targets.len() != n || self.lse.len() != n || self.g.len() != n {
+            candle_core::bail!(
+                "{op}: {n} rows but {} targets, {} lse, {} gradients",
+                self.targets.len(),
+                self.lse.len(),
+                self.g.len()
+            );
+        }
+        let mut dz = vec![0f32; z.len()];
+        let width = len.max(1);
+        dz.par_chunks_mut(width)
+            .zip(z.par_chunks(width))
+            .enumerate()
+            .for_each(|(i, (d, row))| {
+                let (lse, g) = (self.lse[i], self.g[i]);
+                let hit = (self.targets[i] as usize).wrapping_sub(self.v0);
+                for (j, (d, &z)) in d.iter_mut().zip(row).enumerate() {
+                    let onehot = if j == hit { 1.0 } else { 0.0 };
+                    *d = (onehot - (z - lse).exp()) * g;
+                }
+            });
+        Ok((CpuStorage::F32(dz), l.shape().clone()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Var, D};
+
+    fn randn(shape: &[usize], seed: u64) -> Tensor {
+        // A small LCG: the same values on every run and machine.
+        let n: usize = shape.iter().product();
+        let mut s = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let v: Vec<f32> = (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
+            })
+            .collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    }
+
+    fn max_rel(a: &Tensor, b: &Tensor) -> f32 {
+        let a: Vec<f32> = a.flatten_all().unwrap().to_vec1().unwrap();
+        let b: Vec<f32> = b.flatten_all().unwrap().to_vec1().unwrap();
+        assert_eq!(a.len(), b.len());
+        let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-12);
+        a.iter()
+            .zip(&b)
+            .fold(0f32, |m, (x, y)| m.max((x - y).abs() / scale))
+    }
+
+    fn unfused_rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Tensor {
+        let var = x.sqr().unwrap().mean_keepdim(D::Minus1).unwrap();
+        let normed = x
+            .broadcast_div(&(var + eps).unwrap().sqrt().unwrap())
+            .unwrap();
+        normed.broadcast_mul(w).unwrap()
+    }
+
+    /// Values and gradients (through a random upstream gradient) of `f` and `g` on the same
+    /// variables.
+    fn check2(
+        shapes: (&[usize], &[usize]),
+        fused: impl Fn(&Tensor, &Tensor) -> Tensor,
+        unfused: impl Fn(&Tensor, &Tensor) -> Tensor,
+        tol: f32,
+    ) {
+        let a = Var::from_tensor(&randn(shapes.0, 1)).unwrap();
+        let b = Var::from_tensor(&(randn(shapes.1, 2) + 0.5).unwrap()).unwrap();
+        let f = fused(a.as_tensor(), b.as_tensor());
+        let u = unfused(a.as_tensor(), b.as_tensor());
+        assert!(max_rel(&f, &u) < tol, "values differ: {}", max_rel(&f, &u));
+        let up = randn(f.dims(), 3);
+        let gf = (f * &up).unwrap().sum_all().unwrap().backward().unwrap();
+        let gu = (u * &up).unwrap().sum_all().unwrap().backward().unwrap();
+        for v in [&a, &b] {
+            let (x, y) = (gf.get(v).unwrap(), gu.get(v).unwrap());
+            assert_eq!(x.dims(), y.dims());
+            assert!(max_rel(x, y) < tol, "gradients differ: {}", max_rel(x, y));
+        }
+    }
+
+    #[test]
+    fn rms_norm_matches_unfused() {
+        for shape in [
+            &[1usize, 1, 8][..],
+            &[3, 65, 128],
+            &[2, 7, 3, 64],
+            &[5000, 16],
+        ] {
+            let h = shape[shape.len() - 1];
+            check2(
+                (shape, &[h]),
+                |x, w| rms_norm(x, w, 1e-6).unwrap(),
+                |x, w| unfused_rms_norm(x, w, 1e-6),
+                2e-6,
+            );
+        }
+    }
+
+    #[test]
+    fn swiglu_matches_unfused() {
+        for shape in [&[1usize][..], &[3, 65, 1024], &[40000]] {
+            check2(
+                (shape, shape),
+                |g, u| swiglu(g, u).unwrap(),
+                |g, u| (g.silu().unwrap() * u).unwrap(),
+                1e-6,
+            );
+        }
+    }
+
+    #[test]
+    fn row_logprobs_and_grad_match_unfused() {
+        let (n, vocab) = (37, 1000);
+        let z = (randn(&[n, vocab], 4) * 3.0).unwrap();
+        let targets: Vec<u32> = (0..n as u32).map(|i| (i * 97 + 5) % vocab as u32).collect();
+        let t = Tensor::from_vec(targets.clone(), (n, 1), &Device::Cpu).unwrap();
+        let out = row_logprobs(&z, &targets).unwrap();
+        let max = z.max_keepdim(D::Minus1).unwrap();
+        let shifted = z.broadcast_sub(&max).unwrap();
+        let log_sum = shifted
+            .exp()
+            .unwrap()
+            .sum_keepdim(D::Minus1)
+            .unwrap()
+            .log()
+            .unwrap();
+        let lp = (shifted.gather(&t, D::Minus1).unwrap() - &log_sum).unwrap();
+        let lse = (log_sum + max).unwrap();
+        assert!(max_rel(&out.narrow(1, 0, 1).unwrap(), &lp) < 1e-6);
+        assert!(max_rel(&out.narrow(1, 1, 1).unwrap(), &lse) < 1e-6);
+
+        // The gradient of Σ g_i lp_i over a slice of columns against autograd on the
+        // unfused log-softmax gather.
+        let g: Vec<f32> = (0..n).map(|i| i as f32 / 7.0 - 2.0).collect();
+        let lse_v: Vec<f32> = lse.flatten_all().unwrap().to_vec1().unwrap();
+        let zv = Var::from_tensor(&z).unwrap();
+        let lp = candle_nn::ops::log_softmax(zv.as_tensor(), D::Minus1)
+            .unwrap()
+            .gather(&t, D::Minus1)
+            .unwrap()
+            .flatten_all()
+            .unwrap();
+        let gt = Tensor::from_vec(g.clone(), n, &Device::Cpu).unwrap();
+        let grads = (lp * gt).unwrap().sum_all().unwrap().backward().unwrap();
+        let want = grads.get(&zv).unwrap();
+        for (v0, len) in [(0, vocab), (0, 300), (300, 300), (900, 100)] {
+            let slice = z.narrow(1, v0, len).unwrap();
+            let got = logprob_grad(&slice, v0, &targets, &lse_v, &g).unwrap();
+            let exp = want.narrow(1, v0, len).unwrap();
+            assert!(
+                max_rel(&got, &exp) < 1e-5,
+                "columns {v0}+{len}: {}",
+                max_rel(&got, &exp)
+            );
+        }
+    }
+
+    #[test]
+    fn same_bits_with_any_thread_count() {
+        let x = randn(&[300, 96], 5);
+        let w = randn(&[96], 6);
+        let dy = randn(&[300, 96], 7);
+        let run = || {
+            let a = x
+                .apply_op3_no_bwd(&w, &dy, &RmsNormBwd { eps: 1e-6 })
+                .unwrap();
+            a.to_vec1::<f32>().unwrap()
+        };
+        let one = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap()
+            .install(run);
+        let three = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap()
+            .install(run);
+        assert_eq!(one, three);
+    }
+
+    #[test]
+    fn bad_shapes_are_errors() {
+        let x = randn(&[4, 8], 1);
+        assert!(rms_norm(&x, &randn(&[7], 2), 1e-6).is_err());
+        assert!(swiglu(&x, &randn(&[4, 7], 2)).is_err());
+        assert!(row_logprobs(&x, &[1, 2, 3]).is_err());
+        assert!(row_logprobs(&x, &[1, 2, 3, 8]).is_err());
+    }
+}
