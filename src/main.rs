@@ -82,6 +82,7 @@ fn raise_open_file_limit() {
 }
 
 fn main() {
+    cascade_shared::device::set_cpu_pool_defaults();
     raise_open_file_limit();
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
         keep_freed_memory();

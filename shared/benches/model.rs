@@ -1,7 +1,9 @@
 //! Model throughput, printed as JSON lines for `scripts/bench-model.sh` (which runs PyTorch on
 //! the same checkpoint in the same script run and prints the ratios).
 //!
-//! `cargo bench -p cascade-shared --bench model -- MODEL_DIR [train_batch train_len decode_batches...]`
+//! `cargo bench -p cascade-shared --bench model -- MODEL_DIR [train_batch train_len]
+//! [--checkpoint=K] [--train-only]`: `--checkpoint=K` checkpoints every K-th decoder layer in
+//! the train measurement (as `learner.activation_checkpointing`); `--train-only` skips decode.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -9,27 +11,45 @@ use std::time::Instant;
 use candle_core::{DType, Device, Tensor};
 use cascade_shared::model::{argmax, load_model, load_trainable, DecodeBatch};
 
+/// The allocator and pool settings of the `cascade` binary (src/main.rs), so that the bench
+/// measures the model as the learner and the actor run it.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> anyhow::Result<()> {
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with("--"))
-        .collect();
-    let Some(dir) = args.first().map(PathBuf::from) else {
+    cascade_shared::device::set_cpu_pool_defaults();
+    // mi_option_purge_delay = -1: freed pages are kept for reuse, as in src/main.rs.
+    // SAFETY: a process-wide option set before any other thread exists.
+    unsafe { libmimalloc_sys::mi_option_set(15, -1) };
+    let all: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<&String> = all.iter().filter(|a| !a.starts_with("--")).collect();
+    let checkpoint: usize = all
+        .iter()
+        .find_map(|a| a.strip_prefix("--checkpoint="))
+        .map(str::parse)
+        .transpose()?
+        .unwrap_or(0);
+    let train_only = all.iter().any(|a| a == "--train-only");
+    let Some(dir) = args.first().map(|a| PathBuf::from(a.as_str())) else {
         eprintln!("usage: model MODEL_DIR [train_batch train_len]");
         return Ok(());
     };
     let train_batch: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(4);
     let train_len: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(128);
     let dev = Device::Cpu;
-    let (model, _params) = load_trainable(&dir, DType::F32, &dev)?;
+    let (mut model, _params) = load_trainable(&dir, DType::F32, &dev)?;
+    model.set_checkpoint_every(checkpoint);
     let vocab = model.config().vocab_size as u32;
     let ids: Vec<u32> = (0..train_batch * train_len)
         .map(|i| (i as u32 * 7919 + 13) % vocab)
         .collect();
     let input = Tensor::from_vec(ids, (train_batch, train_len), &dev)?;
-    // Forward + backward of the summed log-probs; one warm-up, then the best of 3.
+    // Forward + backward of the summed log-probs; one warm-up, then the best of 3 (of 2 past
+    // 2048 tokens, as bench_model_torch.py).
+    let tokens = train_batch * train_len;
+    let runs = if tokens > 2048 { 3 } else { 4 };
     let mut best = f64::MAX;
-    for i in 0..4 {
+    for i in 0..runs {
         let t = Instant::now();
         let loss = model.token_logprobs(&input, None)?.sum_all()?;
         let grads = loss.backward()?;
@@ -38,9 +58,12 @@ fn main() -> anyhow::Result<()> {
             best = best.min(t.elapsed().as_secs_f64());
         }
     }
-    let tokens = (train_batch * train_len) as f64;
+    let tokens = tokens as f64;
     println!("{{\"bench\": \"train\", \"batch\": {train_batch}, \"len\": {train_len}, \"tokens_per_s\": {}}}", tokens / best);
     drop(model);
+    if train_only {
+        return Ok(());
+    }
     let model = load_model(&dir, &dev)?;
     let prompt_len = 16;
     let steps = 64;

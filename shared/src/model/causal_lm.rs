@@ -111,8 +111,13 @@ impl Attention {
             None => k,
         };
         // 3. (b, heads, s, hd) and rotary.
-        let q = apply_rotary(&q.transpose(1, 2)?.contiguous()?, cos, sin)?;
-        let k = apply_rotary(&k.transpose(1, 2)?.contiguous()?, cos, sin)?;
+        let rotate = |x: Tensor| -> Result<Tensor> {
+            if super::fused::applies(&[&x, cos, sin]) {
+                return Ok(super::fused::rotary_heads_first(&x, cos, sin)?);
+            }
+            apply_rotary(&x.transpose(1, 2)?.contiguous()?, cos, sin)
+        };
+        let (q, k) = (rotate(q)?, rotate(k)?);
         let v = v.transpose(1, 2)?.contiguous()?;
         // 4. The keys/values attended over: (b, n_kv, keys, hd).
         let (layer_kv, layer) = kv;

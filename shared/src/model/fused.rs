@@ -4,6 +4,8 @@
 //! - [`rms_norm`]: `x / sqrt(mean(x²) + eps) * w` (unfused: 7 ops forward, about 15 in
 //!   backward);
 //! - [`swiglu`]: `silu(gate) * up` (unfused: 2 ops forward, 6 in backward);
+//! - [`rotary_heads_first`]: rotary embeddings while moving the heads first (unfused: a
+//!   transposing copy and 8 ops forward, about as many in backward);
 //! - [`row_logprobs`] / [`logprob_grad`]: the log-softmax gather of one chunk of LM-head logits
 //!   and its gradient (unfused: 6 and 7 passes over the `rows × vocab` chunk).
 //!
@@ -291,6 +293,142 @@ impl CustomOp3 for SwiGluBwd {
     }
 }
 
+/// Rotary embeddings ("rotate half", as transformers) applied while moving the heads first:
+/// `x` `(b, s, heads, d)` → `(b, heads, s, d)`, with `cos`/`sin` `(b, 1, s, d / 2)` (f32,
+/// CPU). Differentiable in `x` (the tables are constants). Unfused: a transposing copy, two
+/// narrows, four products, a difference, a sum and a concatenation.
+pub(crate) fn rotary_heads_first(
+    x: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+) -> candle_core::Result<Tensor> {
+    x.contiguous()?
+        .apply_op3(&cos.contiguous()?, &sin.contiguous()?, Rotary)
+}
+
+struct Rotary;
+
+/// `(b, s, heads, d)` and `half` from `x` and the tables, checked.
+fn rotary_dims(
+    op: &str,
+    x: &[usize],
+    cos: &Layout,
+    sin: &Layout,
+) -> candle_core::Result<(usize, usize, usize, usize)> {
+    let &[b, s, h, d] = x else {
+        candle_core::bail!("{op}: x {x:?} is not (b, s, heads, head_dim)")
+    };
+    if d % 2 != 0 || cos.dims() != [b, 1, s, d / 2] || sin.dims() != cos.dims() {
+        candle_core::bail!(
+            "{op}: tables {:?}/{:?} do not fit x {x:?} (want (b, 1, s, head_dim / 2))",
+            cos.dims(),
+            sin.dims()
+        );
+    }
+    Ok((b, s, h, d))
+}
+
+impl CustomOp3 for Rotary {
+    fn name(&self) -> &'static str {
+        "fused-rotary"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let op = self.name();
+        let (b, s, h, d) = rotary_dims(op, l1.dims(), l2, l3)?;
+        let x = f32s(op, "x", s1, l1)?;
+        let (cos, sin) = (f32s(op, "cos", s2, l2)?, f32s(op, "sin", s3, l3)?);
+        let half = d / 2;
+        let mut y = vec![0f32; x.len()];
+        // One task per (row, head): its (s, d) block of the output.
+        y.par_chunks_mut((s * d).max(1))
+            .enumerate()
+            .for_each(|(bh, out)| {
+                let (bi, hi) = (bh / h, bh % h);
+                for t in 0..s {
+                    let src = &x[((bi * s + t) * h + hi) * d..][..d];
+                    let c = &cos[(bi * s + t) * half..][..half];
+                    let sn = &sin[(bi * s + t) * half..][..half];
+                    let (o1, o2) = out[t * d..(t + 1) * d].split_at_mut(half);
+                    let (x1, x2) = src.split_at(half);
+                    for j in 0..half {
+                        o1[j] = x1[j] * c[j] - x2[j] * sn[j];
+                        o2[j] = x2[j] * c[j] + x1[j] * sn[j];
+                    }
+                }
+            });
+        Ok((CpuStorage::F32(y), Shape::from((b, h, s, d))))
+    }
+
+    fn bwd(
+        &self,
+        _x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        _y: &Tensor,
+        dy: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let dx = dy.contiguous()?.apply_op3_no_bwd(cos, sin, &RotaryBwd)?;
+        Ok((Some(dx), None, None))
+    }
+}
+
+/// The gradient of [`Rotary`]: `dy` `(b, heads, s, d)` rotated back and moved to
+/// `(b, s, heads, d)`: `dx1 = dy1·cos + dy2·sin`, `dx2 = dy2·cos − dy1·sin`.
+struct RotaryBwd;
+
+impl CustomOp3 for RotaryBwd {
+    fn name(&self) -> &'static str {
+        "fused-rotary-bwd"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let op = self.name();
+        let &[b, h, s, d] = l1.dims() else {
+            candle_core::bail!("{op}: dy {:?} is not (b, heads, s, head_dim)", l1.dims())
+        };
+        rotary_dims(op, &[b, s, h, d], l2, l3)?;
+        let dy = f32s(op, "dy", s1, l1)?;
+        let (cos, sin) = (f32s(op, "cos", s2, l2)?, f32s(op, "sin", s3, l3)?);
+        let half = d / 2;
+        let mut dx = vec![0f32; dy.len()];
+        // One task per (row, position): its (heads, d) block of the gradient.
+        dx.par_chunks_mut((h * d).max(1))
+            .enumerate()
+            .for_each(|(bt, out)| {
+                let (bi, t) = (bt / s, bt % s);
+                let c = &cos[bt * half..][..half];
+                let sn = &sin[bt * half..][..half];
+                for hi in 0..h {
+                    let g = &dy[((bi * h + hi) * s + t) * d..][..d];
+                    let (g1, g2) = g.split_at(half);
+                    let (o1, o2) = out[hi * d..(hi + 1) * d].split_at_mut(half);
+                    for j in 0..half {
+                        o1[j] = g1[j] * c[j] + g2[j] * sn[j];
+                        o2[j] = g2[j] * c[j] - g1[j] * sn[j];
+                    }
+                }
+            });
+        Ok((CpuStorage::F32(dx), Shape::from((b, s, h, d))))
+    }
+}
+
 /// For every row `i` of `z` `(n, vocab)` f32 (CPU): `[log_softmax(z_i)[targets_i], lse(z_i)]`,
 /// `(n, 2)`. Not differentiable (the caller's backward uses [`logprob_grad`]).
 pub(crate) fn row_logprobs(z: &Tensor, targets: &[u32]) -> candle_core::Result<Tensor> {
@@ -529,6 +667,37 @@ mod tests {
                 max_rel(&got, &exp)
             );
         }
+    }
+
+    #[test]
+    fn rotary_matches_unfused() {
+        use crate::model::layers::{apply_rotary, Rotary};
+        let (b, s, h, d) = (2, 65, 3, 16);
+        let table = Rotary::new(d, 128, 10000.0, DType::F32, &Device::Cpu).unwrap();
+        let pos: Vec<u32> = (0..(b * s) as u32).map(|i| (i * 7) % 128).collect();
+        let pos = Tensor::from_vec(pos, (b, s), &Device::Cpu).unwrap();
+        let (cos, sin) = table.at(&pos).unwrap();
+        let x = Var::from_tensor(&randn(&[b, s, h, d], 8)).unwrap();
+        let f = rotary_heads_first(x.as_tensor(), &cos, &sin).unwrap();
+        let u = apply_rotary(
+            &x.as_tensor().transpose(1, 2).unwrap().contiguous().unwrap(),
+            &cos,
+            &sin,
+        )
+        .unwrap();
+        assert_eq!(f.dims(), [b, h, s, d]);
+        assert!(max_rel(&f, &u) < 1e-6, "values differ: {}", max_rel(&f, &u));
+        let up = randn(f.dims(), 9);
+        let gf = (f * &up).unwrap().sum_all().unwrap().backward().unwrap();
+        let gu = (u * &up).unwrap().sum_all().unwrap().backward().unwrap();
+        let (gf, gu) = (gf.get(&x).unwrap(), gu.get(&x).unwrap());
+        assert!(
+            max_rel(gf, gu) < 1e-6,
+            "gradients differ: {}",
+            max_rel(gf, gu)
+        );
+        let bad = randn(&[b, 1, s, d], 1);
+        assert!(rotary_heads_first(x.as_tensor(), &bad, &bad).is_err());
     }
 
     #[test]

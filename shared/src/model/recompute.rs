@@ -308,10 +308,17 @@ pub(crate) fn chunked_logprobs(
     };
     let mut lps = Vec::with_capacity(n.div_ceil(rows));
     let mut lses = Vec::with_capacity(n.div_ceil(rows));
+    // When every position fits in one chunk, backward's one vocabulary slice is this chunk's
+    // logits: they are kept (at most one chunk) instead of recomputed.
+    let mut kept_z = None;
+    let keep = rows >= n && (hidden.track_op() || weight.track_op());
     for start in (0..n).step_by(rows) {
         let len = rows.min(n - start);
         let inv_c = inv.as_ref().map(|i| i.narrow(0, start, len)).transpose()?;
         let z = chunk_logits(&hd.narrow(0, start, len)?, &wd, inv_c.as_ref())?;
+        if keep {
+            kept_z = Some(z.clone());
+        }
         if fused {
             let both = super::fused::row_logprobs(&z, &host_targets[start..start + len])?;
             lps.push(both.narrow(1, 0, 1)?);
@@ -332,6 +339,7 @@ pub(crate) fn chunked_logprobs(
     if !hidden.track_op() && !weight.track_op() {
         return Ok(value);
     }
+    let kept = Mutex::new(kept_z);
     let bwd = move |hidden: &Tensor,
                     weight: &Tensor,
                     grad: &Tensor|
@@ -366,7 +374,15 @@ pub(crate) fn chunked_logprobs(
         for v0 in (0..vocab).step_by(cols) {
             let len = cols.min(vocab - v0);
             let w_c = wd.narrow(0, v0, len)?;
-            let z = chunk_logits(&hd, &w_c, inv.as_ref()).map_err(candle_core::Error::wrap)?;
+            let kept = kept
+                .lock()
+                .map_err(|_| candle_core::Error::Msg("chunked-logprobs: poisoned".into()))?
+                .take()
+                .filter(|_| len == vocab);
+            let z = match kept {
+                Some(z) => z,
+                None => chunk_logits(&hd, &w_c, inv.as_ref()).map_err(candle_core::Error::wrap)?,
+            };
             let dz = match &host {
                 Some((g, lse)) => super::fused::logprob_grad(&z, v0, &host_targets, lse, g)?,
                 None => {
