@@ -191,12 +191,38 @@ impl DecoderLayer {
         mode: OpsMode,
         kv: (&mut KvMode<'_>, usize),
     ) -> Result<Tensor> {
-        let h = self.input_norm.forward(x, mode)?;
-        let a = self.attn.forward(&h, cos, sin, mask, mode, kv)?;
-        let x = (x + a)?;
-        let h = self.post_norm.forward(&x, mode)?;
-        Ok((&x + self.mlp.forward(&h)?)?)
+        let x = self.attention_block(x, cos, sin, mask, mode, kv)?;
+        self.mlp_block(&x, mode)
     }
+
+    /// `x + attn(norm(x))`.
+    fn attention_block(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        mask: &AttnMask<'_>,
+        mode: OpsMode,
+        kv: (&mut KvMode<'_>, usize),
+    ) -> Result<Tensor> {
+        let h = self.input_norm.forward(x, mode)?;
+        Ok((x + self.attn.forward(&h, cos, sin, mask, mode, kv)?)?)
+    }
+
+    /// `x + mlp(norm(x))`.
+    fn mlp_block(&self, x: &Tensor, mode: OpsMode) -> Result<Tensor> {
+        let h = self.post_norm.forward(x, mode)?;
+        Ok((x + self.mlp.forward(&h)?)?)
+    }
+}
+
+/// The half of a decoder layer a checkpoint covers.
+#[derive(Clone, Copy)]
+enum Block {
+    /// The attention residual block.
+    Attention,
+    /// The MLP residual block.
+    Mlp,
 }
 
 /// The owned mask of a checkpointed layer.
@@ -206,10 +232,14 @@ enum OwnedMask {
     Segments(Arc<Segments>),
 }
 
-/// A decoder layer with what its full-sequence forward needs, recomputed in backward.
+/// One block of a decoder layer with what its full-sequence forward needs, recomputed in
+/// backward. A checkpointed layer is two of them (attention, then MLP), each keeping only its
+/// input, so that backward has one block's activations and gradients in flight at a time
+/// instead of the whole layer's.
 #[derive(Clone)]
 struct CheckpointedLayer {
     layer: DecoderLayer,
+    block: Block,
     cos: Tensor,
     sin: Tensor,
     mask: OwnedMask,
@@ -221,14 +251,17 @@ impl Recomputable for CheckpointedLayer {
             OwnedMask::Dense(bias) => AttnMask::Dense(bias),
             OwnedMask::Segments(s) => AttnMask::Segments(s),
         };
-        self.layer.forward(
-            x,
-            &self.cos,
-            &self.sin,
-            &mask,
-            OpsMode::Train,
-            (&mut KvMode::Own, 0),
-        )
+        match self.block {
+            Block::Attention => self.layer.attention_block(
+                x,
+                &self.cos,
+                &self.sin,
+                &mask,
+                OpsMode::Train,
+                (&mut KvMode::Own, 0),
+            ),
+            Block::Mlp => self.layer.mlp_block(x, OpsMode::Train),
+        }
     }
 
     fn detached(&self) -> Self {
@@ -245,10 +278,16 @@ impl Recomputable for CheckpointedLayer {
 
     fn params(&self) -> Vec<Tensor> {
         let mut out = Vec::new();
-        self.layer.input_norm.push_params(&mut out);
-        self.layer.attn.push_params(&mut out);
-        self.layer.post_norm.push_params(&mut out);
-        self.layer.mlp.push_params(&mut out);
+        match self.block {
+            Block::Attention => {
+                self.layer.input_norm.push_params(&mut out);
+                self.layer.attn.push_params(&mut out);
+            }
+            Block::Mlp => {
+                self.layer.post_norm.push_params(&mut out);
+                self.layer.mlp.push_params(&mut out);
+            }
+        }
         out
     }
 }
@@ -512,13 +551,15 @@ impl CausalLm {
                     AttnMask::Dense(bias) => OwnedMask::Dense(bias.clone()),
                     AttnMask::Segments(s) => OwnedMask::Segments(s.clone()),
                 };
-                let layer = CheckpointedLayer {
+                let block = |block| CheckpointedLayer {
                     layer: layer.clone(),
+                    block,
                     cos: cos.clone(),
                     sin: sin.clone(),
-                    mask,
+                    mask: mask.clone(),
                 };
-                checkpoint_layer(layer, &x)?
+                let x = checkpoint_layer(block(Block::Attention), &x)?;
+                checkpoint_layer(block(Block::Mlp), &x)?
             } else {
                 layer.forward(&x, &cos, &sin, mask, mode, (&mut kv, i))?
             };

@@ -391,6 +391,7 @@ fn learner_rank_use(
     let act = ActivationModel {
         fused_attention: fused_attention_on(device, model, config.model.dtype),
         checkpoint_every: config.learner.activation_checkpointing,
+        fused_ops: device == Device::Cpu && dtype_bytes(config.model.dtype, device) == 4,
     };
     let mut activations = mm.training_activations(rows, tokens, act);
     // An RL stage's sft_mix (validated: RL stages only) runs its SFT micro-batches after the

@@ -14,6 +14,9 @@ pub struct ActivationModel {
     /// `learner.activation_checkpointing`: every k-th layer (0, k, 2k, ...) keeps only its
     /// input and is recomputed in backward; 0 = off.
     pub checkpoint_every: usize,
+    /// The fused RMSNorm, rotary and SwiGLU kernels (`shared/src/model/fused.rs`: f32 on the
+    /// CPU) keep only their outputs.
+    pub fused_ops: bool,
 }
 
 /// The byte arithmetic of one architecture at one in-memory dtype.
@@ -132,27 +135,51 @@ impl MemoryModel {
         n * (4 + 4 + self.b + cast)
     }
 
-    /// Bytes one decoder layer keeps per token for backward, without the attention scores:
-    /// the input norm, the q/k/v projections, the q/k norms (Qwen3), their head-major copies, the
-    /// rotary halves and their concatenation, the attention output and its token-major copy
-    /// (plus the log-sum-exp of the fused op), the output projection, the residual, the
-    /// post-attention norm, the MLP's gate, SiLU, up, product and down projection, and the second
-    /// residual.
-    pub fn layer_bytes_per_token(&self) -> u64 {
+    /// Bytes an RMSNorm over `n` features keeps per token: with the fused kernel its output
+    /// only.
+    fn norm_kept(&self, n: u64, fused: bool) -> u64 {
+        if fused {
+            self.b * n
+        } else {
+            self.norm(n)
+        }
+    }
+
+    /// Bytes the attention block of a decoder layer keeps per token for backward, without the
+    /// attention scores: the input norm, the q/k/v projections, the q/k norms (Qwen3), the
+    /// head-major copies and rotary halves with their concatenation (fused: the rotated q/k and
+    /// v's head-major copy), the attention output and its token-major copy (plus the log-sum-exp
+    /// of the fused op), the output projection and the residual.
+    pub fn attention_block_bytes(&self, fused: bool) -> u64 {
         let (b, h, q, kv) = (self.b, self.h, self.q, self.kv);
         let qk_norm = if self.qk_norm {
-            self.norm(q) + self.norm(kv)
+            self.norm_kept(q, fused) + self.norm_kept(kv, fused)
         } else {
             0
         };
-        self.norm(h) * 2
+        let rotary = if fused {
+            b * (q + kv) + b * kv
+        } else {
+            b * (q + 2 * kv) + 4 * b * (q + kv)
+        };
+        self.norm_kept(h, fused)
             + b * (q + 2 * kv) // projections
             + qk_norm
-            + b * (q + 2 * kv) // head-major copies
-            + 4 * b * (q + kv) // rotary: four half-width products/sums and the cat
+            + rotary
             + 2 * b * q + 4 * self.heads // attention output, its copy, log-sum-exp
-            + 4 * b * h // o_proj, residual, down, residual
-            + 4 * b * self.inter // gate, SiLU, up, product
+            + 2 * b * h // o_proj, residual
+    }
+
+    /// Bytes the MLP block keeps per token: the post-attention norm, the gate, SiLU (not with
+    /// the fused SwiGLU), up and their product, the down projection and the residual.
+    pub fn mlp_block_bytes(&self, fused: bool) -> u64 {
+        let act = if fused { 3 } else { 4 };
+        self.norm_kept(self.h, fused) + 2 * self.b * self.h + act * self.b * self.inter
+    }
+
+    /// Bytes one decoder layer keeps per token for backward: its two blocks.
+    pub fn layer_bytes_per_token(&self, fused: bool) -> u64 {
+        self.attention_block_bytes(fused) + self.mlp_block_bytes(fused)
     }
 
     /// Bytes per `(query, key)` pair of one layer's unfused attention, kept for backward: the
@@ -165,11 +192,11 @@ impl MemoryModel {
 
     /// Activations of one training micro-batch of `rows` rows of `tokens` tokens.
     ///
-    /// A checkpointed layer keeps its output (the next layer's input; the first one's input is
-    /// the embedding output); the others everything
-    /// [`MemoryModel::layer_bytes_per_token`] counts. In backward one layer at a time is
-    /// recomputed with its graph and its gradients are in flight: one layer's full activations
-    /// twice. The LM head and log-probs run a chunk of 2^24 logits at a time
+    /// A checkpointed layer keeps the inputs of its two blocks (attention, MLP; the first
+    /// layer's input is the embedding output); the others everything
+    /// [`MemoryModel::layer_bytes_per_token`] counts. In backward one block at a time is
+    /// recomputed with its graph and its gradients are in flight: the larger block's
+    /// activations twice (without checkpointing, one layer's). The LM head and log-probs run a chunk of 2^24 logits at a time
     /// (`shared/src/model/recompute.rs`): per token only the hidden state's copy, the log-prob and
     /// the log-sum-exp are kept; the chunk (logits, shifted, exponentiated, f32) is a constant.
     pub fn training_activations(
@@ -185,16 +212,22 @@ impl MemoryModel {
             k => self.layers.div_ceil(k as u64),
         };
         let full = self.layers - checkpointed;
-        let layer = self.layer_bytes_per_token();
+        let layer = self.layer_bytes_per_token(act.fused_ops);
+        let in_flight = if checkpointed > 0 {
+            self.attention_block_bytes(act.fused_ops)
+                .max(self.mlp_block_bytes(act.fused_ops))
+        } else {
+            layer
+        };
         let mut items = vec![Item {
             what: format!(
                 "activations: {full} layers kept whole, {checkpointed} checkpointed, × {rows} × {t} tokens"
             ),
             bytes: n
                 * (full * layer
-                    + checkpointed * self.b * self.h // each one's output (the next one's input)
+                    + checkpointed * 2 * self.b * self.h // the inputs of its two blocks
                     + self.b * self.h // embedding output
-                    + self.norm(self.h) // final norm
+                    + self.norm_kept(self.h, act.fused_ops) // final norm
                     + self.b * self.head_dim), // rotary tables
         }];
         if !act.fused_attention {
@@ -216,8 +249,12 @@ impl MemoryModel {
             bytes: n * (self.b * self.h + 8) + 3 * 4 * chunk_rows * self.vocab,
         });
         items.push(Item {
-            what: "activations: backward, one layer recomputed and its gradients in flight".into(),
-            bytes: 2 * n * layer,
+            what: if checkpointed > 0 {
+                "activations: backward, one block recomputed and its gradients in flight".into()
+            } else {
+                "activations: backward, one layer's gradients in flight".into()
+            },
+            bytes: 2 * n * in_flight,
         });
         items
     }
