@@ -107,6 +107,8 @@ fn causal(name: &'static str, heads: usize, kv_heads: usize, t: usize, d: usize)
 fn cases() -> Vec<Case> {
     vec![
         causal("t=1", 4, 2, 1, 16),
+        causal("t=2 d=8", 4, 2, 2, 8),
+        causal("t=3 d=8", 4, 2, 3, 8),
         causal("t=63", 4, 2, 63, 16),
         causal("t=64", 4, 2, 64, 16),
         causal("t=65", 4, 2, 65, 16),

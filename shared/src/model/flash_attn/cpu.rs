@@ -11,9 +11,11 @@
 //! Masking walks per-row key ranges (`[segment start, i]`) instead of masking a full tile, so
 //! no work is spent on invisible pairs and nothing is `t × t`. Scratch per task is a few tiles.
 //!
-//! Inner loops run over contiguous slices with `chunks_exact`/`zip` so that they vectorise. On
-//! x86-64 with AVX2 + FMA (detected at run time) the same code is compiled a second time with
-//! those features enabled and fused multiply-adds.
+//! The products of a tile (`S = Q Kᵀ`, `O += P V`; in backward `S`, `dP = dO Vᵀ`, `dQ += dS K`,
+//! `dV += Pᵀ dO`, `dK += dSᵀ Q`) are matrix products on the task's thread through the `gemm`
+//! crate (candle's CPU matmul), with the masks and the softmax applied row by row between
+//! them. On x86-64 with AVX2 + FMA (detected at run time) the row loops are compiled a second
+//! time with those features enabled and fused multiply-adds.
 
 use half::{bf16, f16};
 use rayon::prelude::*;
@@ -24,8 +26,9 @@ use super::OUTSIDE;
 pub(crate) const BLOCK_Q: usize = 64;
 /// Keys per tile.
 pub(crate) const BLOCK_K: usize = 64;
-/// Width of the accumulators the dot products are split over (one AVX2 register).
-const LANES: usize = 8;
+/// Keys per forward tile: the forward's two products per tile run as matrix products (the
+/// `gemm` crate, as candle's matmul), which larger tiles make more efficient.
+const FWD_BLOCK_K: usize = 128;
 
 /// An element type the kernels read and write; arithmetic is always f32.
 pub(crate) trait Elem: Copy + Send + Sync + 'static {
@@ -125,113 +128,6 @@ fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
     }
 }
 
-/// `a · b` over equal-length slices, split over [`LANES`] accumulators so that it vectorises.
-#[inline(always)]
-fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; LANES];
-    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for ((s, &x), &y) in acc.iter_mut().zip(x).zip(y) {
-            *s = madd::<FMA>(x, y, *s);
-        }
-    }
-    let mut sum = 0f32;
-    for (&x, &y) in ra.iter().zip(rb) {
-        sum = madd::<FMA>(x, y, sum);
-    }
-    acc.iter().sum::<f32>() + sum
-}
-
-/// `a · b_u` for four `b_u` at once: `a` is loaded once per chunk for four products.
-#[inline(always)]
-fn dot4<const FMA: bool>(a: &[f32], b: [&[f32]; 4]) -> [f32; 4] {
-    let mut acc = [[0f32; LANES]; 4];
-    let chunks = a
-        .chunks_exact(LANES)
-        .zip(b[0].chunks_exact(LANES))
-        .zip(b[1].chunks_exact(LANES))
-        .zip(b[2].chunks_exact(LANES))
-        .zip(b[3].chunks_exact(LANES));
-    for ((((x, y0), y1), y2), y3) in chunks {
-        for (l, &x) in x.iter().enumerate().take(LANES) {
-            acc[0][l] = madd::<FMA>(x, y0[l], acc[0][l]);
-            acc[1][l] = madd::<FMA>(x, y1[l], acc[1][l]);
-            acc[2][l] = madd::<FMA>(x, y2[l], acc[2][l]);
-            acc[3][l] = madd::<FMA>(x, y3[l], acc[3][l]);
-        }
-    }
-    let tail = a.len() - a.len() % LANES;
-    let mut out = [0f32; 4];
-    for ((o, acc), b) in out.iter_mut().zip(&acc).zip(b) {
-        let mut s = 0f32;
-        for (&x, &y) in a[tail..].iter().zip(&b[tail..]) {
-            s = madd::<FMA>(x, y, s);
-        }
-        *o = acc.iter().sum::<f32>() + s;
-    }
-    out
-}
-
-/// `out[j] = q · keys[j] * scale` for the `out.len()` consecutive keys of `keys` (`d` each).
-#[inline(always)]
-fn scores<const FMA: bool>(q: &[f32], keys: &[f32], d: usize, scale: f32, out: &mut [f32]) {
-    let mut quads = keys.chunks_exact(4 * d);
-    let mut outs = out.chunks_exact_mut(4);
-    for (quad, o) in quads.by_ref().zip(outs.by_ref()) {
-        let (k0, rest) = quad.split_at(d);
-        let (k1, rest) = rest.split_at(d);
-        let (k2, k3) = rest.split_at(d);
-        let s = dot4::<FMA>(q, [k0, k1, k2, k3]);
-        for (o, s) in o.iter_mut().zip(s) {
-            *o = s * scale;
-        }
-    }
-    for (o, k) in outs
-        .into_remainder()
-        .iter_mut()
-        .zip(quads.remainder().chunks_exact(d))
-    {
-        *o = dot::<FMA>(q, k) * scale;
-    }
-}
-
-/// `y += alpha * x`.
-#[inline(always)]
-fn axpy<const FMA: bool>(y: &mut [f32], alpha: f32, x: &[f32]) {
-    for (y, &x) in y.iter_mut().zip(x) {
-        *y = madd::<FMA>(alpha, x, *y);
-    }
-}
-
-/// `y += Σ_u alpha[u] * rows[u]` for `rows` the `alpha.len()` consecutive rows (`d` each) of
-/// `rows`: four rows per pass over `y`, so that `y` is loaded and stored once per four rows.
-#[inline(always)]
-fn add_rows<const FMA: bool>(y: &mut [f32], alpha: &[f32], rows: &[f32], d: usize) {
-    let mut quads = rows.chunks_exact(4 * d);
-    let mut coefs = alpha.chunks_exact(4);
-    for (quad, a) in quads.by_ref().zip(coefs.by_ref()) {
-        let (x0, rest) = quad.split_at(d);
-        let (x1, rest) = rest.split_at(d);
-        let (x2, x3) = rest.split_at(d);
-        let (a0, a1, a2, a3) = (a[0], a[1], a[2], a[3]);
-        for ((((y, &x0), &x1), &x2), &x3) in y.iter_mut().zip(x0).zip(x1).zip(x2).zip(x3) {
-            *y = madd::<FMA>(
-                a3,
-                x3,
-                madd::<FMA>(a2, x2, madd::<FMA>(a1, x1, madd::<FMA>(a0, x0, *y))),
-            );
-        }
-    }
-    for (&a, x) in coefs
-        .remainder()
-        .iter()
-        .zip(quads.remainder().chunks_exact(d))
-    {
-        axpy::<FMA>(y, a, x);
-    }
-}
-
 /// `exp(x)` as a polynomial (Cephes `expf`: range reduction by ln 2, degree-6 minimax), within
 /// 2 ulp of `f32::exp` on `[-87, 88]`; vectorises where the libm call does not. Inputs below
 /// -87.3 return ~1e-38 instead of 0 (only differences `s - max <= 0` are passed).
@@ -251,6 +147,49 @@ fn fast_exp<const FMA: bool>(x: f32) -> f32 {
     // 2^n by building the exponent bits; n is in [-126, 128] after the clamp.
     let two_n = f32::from_bits(((n as i32 + 127).clamp(1, 254) as u32) << 23);
     y * two_n
+}
+
+/// `dst (m, n) = [dst +] alpha · lhs (m, k) · rhs (k, n)` for row-major `dst`, with `lhs` and
+/// `rhs` given by their (column, row) strides, on the calling thread (the `gemm` crate, which
+/// candle's matmul uses).
+///
+/// # Safety
+/// `lhs` and `rhs` must hold every element their shapes and strides reach, and `dst` `m · n`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn tile_product(
+    dst: &mut [f32],
+    (m, n): (usize, usize),
+    accumulate: bool,
+    lhs: &[f32],
+    (lhs_cs, lhs_rs): (usize, usize),
+    rhs: &[f32],
+    (rhs_cs, rhs_rs): (usize, usize),
+    k: usize,
+    alpha: f32,
+) {
+    debug_assert!(dst.len() >= m * n);
+    gemm::gemm(
+        m,
+        n,
+        k,
+        dst.as_mut_ptr(),
+        1,
+        n as isize,
+        accumulate,
+        lhs.as_ptr(),
+        lhs_cs as isize,
+        lhs_rs as isize,
+        rhs.as_ptr(),
+        rhs_cs as isize,
+        rhs_rs as isize,
+        1.0,
+        alpha,
+        false,
+        false,
+        false,
+        gemm::Parallelism::None,
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -364,44 +303,101 @@ fn forward_block<T: Elem, const FMA: bool>(task: &FwdTask<'_, T>, out: &mut [T],
     let mut m = vec![f32::NEG_INFINITY; nq];
     let mut l = vec![0f32; nq];
     let mut acc = vec![0f32; nq * d];
-    let mut s = [0f32; BLOCK_K];
+    // Scores, then probabilities, of the block's queries against one tile of keys.
+    let mut p = vec![0f32; nq * FWD_BLOCK_K];
     let mut k0 = lo;
     while k0 < hi {
-        let nk = BLOCK_K.min(hi - k0);
+        let nk = FWD_BLOCK_K.min(hi - k0);
         let k_t = T::as_f32(&task.k_head[k0 * d..(k0 + nk) * d], &mut k_buf);
         let v_t = T::as_f32(&task.v_head[k0 * d..(k0 + nk) * d], &mut v_buf);
-        for (r, ((&(start, _), q_r), acc_r)) in rows
-            .iter()
-            .zip(q_blk.chunks_exact(d))
-            .zip(acc.chunks_exact_mut(d))
-            .enumerate()
-        {
-            if start == OUTSIDE {
-                continue;
-            }
+        let p = &mut p[..nq * nk];
+        // S = Q_blk · K_tileᵀ · scale, (nq, nk), as one matrix product.
+        // SAFETY: the pointers and strides describe `q_blk` (nq, d), `k_t` read as (d, nk)
+        // and `p` (nq, nk), all in bounds; nothing else aliases `p`.
+        unsafe {
+            gemm::gemm(
+                nq,
+                nk,
+                d,
+                p.as_mut_ptr(),
+                1,
+                nk as isize,
+                false,
+                q_blk.as_ptr(),
+                1,
+                d as isize,
+                k_t.as_ptr(),
+                d as isize,
+                1,
+                0.0,
+                task.scale,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            );
+        }
+        let mut any = false;
+        for (r, (&(start, _), p_r)) in rows.iter().zip(p.chunks_exact_mut(nk)).enumerate() {
             // Visible keys of query i in this tile: [max(start, k0), min(i + 1, k0 + nk)).
-            let a = (start as usize).max(k0);
+            let a = if start == OUTSIDE {
+                k0 + nk
+            } else {
+                (start as usize).max(k0)
+            };
             let e = (q0 + r + 1).min(k0 + nk);
             if a >= e {
+                p_r.fill(0.0);
                 continue;
             }
-            let s = &mut s[..e - a];
-            scores::<FMA>(q_r, &k_t[(a - k0) * d..(e - k0) * d], d, task.scale, s);
-            let tile_max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            any = true;
+            let (a, e) = (a - k0, e - k0);
+            let tile_max = p_r[a..e].iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let m_new = m[r].max(tile_max);
             if m_new > m[r] && l[r] > 0.0 {
                 let correction = fast_exp::<FMA>(m[r] - m_new);
                 l[r] *= correction;
-                for x in acc_r.iter_mut() {
+                for x in acc[r * d..(r + 1) * d].iter_mut() {
                     *x *= correction;
                 }
             }
             m[r] = m_new;
-            for x in s.iter_mut() {
+            p_r[..a].fill(0.0);
+            p_r[e..].fill(0.0);
+            let mut sum = 0f32;
+            for x in p_r[a..e].iter_mut() {
                 *x = fast_exp::<FMA>(*x - m_new);
+                sum += *x;
             }
-            l[r] += s.iter().sum::<f32>();
-            add_rows::<FMA>(acc_r, s, &v_t[(a - k0) * d..(e - k0) * d], d);
+            l[r] += sum;
+        }
+        if any {
+            // acc += P · V_tile, (nq, d).
+            // SAFETY: `p` (nq, nk), `v_t` (nk, d) and `acc` (nq, d) as described, in bounds;
+            // `acc` is not aliased.
+            unsafe {
+                gemm::gemm(
+                    nq,
+                    d,
+                    nk,
+                    acc.as_mut_ptr(),
+                    1,
+                    d as isize,
+                    true,
+                    p.as_ptr(),
+                    1,
+                    nk as isize,
+                    v_t.as_ptr(),
+                    1,
+                    d as isize,
+                    1.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                );
+            }
         }
         k0 += nk;
     }
@@ -542,8 +538,6 @@ fn backward_group<T: Elem, const FMA: bool>(
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut p_tile = vec![0f32; BLOCK_Q * BLOCK_K];
     let mut ds_tile = vec![0f32; BLOCK_Q * BLOCK_K];
-    let mut p_col = [0f32; BLOCK_Q];
-    let mut ds_col = [0f32; BLOCK_Q];
     // 2. Key tiles; each accumulates its dK/dV over every query that sees it.
     for (kb, (dk_blk, dv_blk)) in dk
         .chunks_mut(BLOCK_K * d)
@@ -577,63 +571,72 @@ fn backward_group<T: Elem, const FMA: bool>(
                 let q_t = T::as_f32(&task.q[rows.start * d..rows.end * d], &mut q_buf);
                 let g_t = T::as_f32(&task.d_o[rows.start * d..rows.end * d], &mut g_buf);
                 let dq_t = &mut dq_acc[rows.start * d..rows.end * d];
-                // 2a. Row by row: P = exp(S - L), dP = dO Vᵀ, dS = P ∘ (dP − D) (times the
-                //     scale of S) into (nq, nk) tiles, zero where a key is invisible; dQ += dS K.
+                // 2a. S = Q Kᵀ · scale and dP = dO Vᵀ as matrix products into (nq, nk) tiles;
+                //     then row by row P = exp(S - L) and dS = P ∘ (dP − D) · scale (the scale
+                //     of S), zero where a key is invisible.
                 let p_t = &mut p_tile[..nq * nk];
                 let ds_t = &mut ds_tile[..nq * nk];
-                p_t.fill(0.0);
-                ds_t.fill(0.0);
-                let mut first_row = nq;
-                for (r, (((q_r, g_r), dq_r), (p, ds))) in q_t
-                    .chunks_exact(d)
-                    .zip(g_t.chunks_exact(d))
-                    .zip(dq_t.chunks_exact_mut(d))
-                    .zip(p_t.chunks_exact_mut(nk).zip(ds_t.chunks_exact_mut(nk)))
+                // SAFETY (every `tile_product` below): the slices hold the shapes given, and
+                // the destination aliases no operand.
+                unsafe {
+                    tile_product(
+                        p_t,
+                        (nq, nk),
+                        false,
+                        q_t,
+                        (1, d),
+                        k_t,
+                        (d, 1),
+                        d,
+                        task.scale,
+                    );
+                    tile_product(ds_t, (nq, nk), false, g_t, (1, d), v_t, (d, 1), d, 1.0);
+                }
+                let mut any = false;
+                for (r, (p, ds)) in p_t
+                    .chunks_exact_mut(nk)
+                    .zip(ds_t.chunks_exact_mut(nk))
                     .enumerate()
                 {
                     let i = q0 + r;
                     let (start, _) = task.table[i];
-                    if start == OUTSIDE {
-                        continue;
-                    }
-                    let a = (start as usize).max(k0);
+                    let a = if start == OUTSIDE {
+                        k0 + nk
+                    } else {
+                        (start as usize).max(k0)
+                    };
                     let e = (i + 1).min(k0 + nk);
                     if a >= e {
+                        p.fill(0.0);
+                        ds.fill(0.0);
                         continue;
                     }
-                    first_row = first_row.min(r);
+                    any = true;
+                    let (a, e) = (a - k0, e - k0);
                     let (lse_i, delta_i) = (task.lse[rows.start + r], delta[rows.start + r]);
-                    let keys = &k_t[(a - k0) * d..(e - k0) * d];
-                    let p = &mut p[a - k0..e - k0];
-                    let ds = &mut ds[a - k0..e - k0];
-                    scores::<FMA>(q_r, keys, d, task.scale, p);
-                    for x in p.iter_mut() {
-                        *x = fast_exp::<FMA>(*x - lse_i);
+                    p[..a].fill(0.0);
+                    p[e..].fill(0.0);
+                    ds[..a].fill(0.0);
+                    ds[e..].fill(0.0);
+                    if start as usize == i {
+                        // The first query of a segment sees one key: its softmax has a zero
+                        // gradient (dP − D is rounding noise there, dP and D being summed in
+                        // different orders).
+                        p[a..e].fill(1.0);
+                        ds[a..e].fill(0.0);
+                        continue;
                     }
-                    scores::<FMA>(g_r, &v_t[(a - k0) * d..(e - k0) * d], d, 1.0, ds);
-                    for (ds, &p) in ds.iter_mut().zip(p.iter()) {
-                        *ds = p * (*ds - delta_i) * task.scale;
+                    for (p, ds) in p[a..e].iter_mut().zip(ds[a..e].iter_mut()) {
+                        *p = fast_exp::<FMA>(*p - lse_i);
+                        *ds = *p * (*ds - delta_i) * task.scale;
                     }
-                    add_rows::<FMA>(dq_r, ds, keys, d);
                 }
-                // 2b. Key by key: dV += Pᵀ dO, dK += dSᵀ Q over the rows that see any key.
-                if first_row < nq {
-                    let (q_rows, g_rows) = (&q_t[first_row * d..], &g_t[first_row * d..]);
-                    for (j, (dk_j, dv_j)) in dk_acc
-                        .chunks_exact_mut(d)
-                        .zip(dv_acc.chunks_exact_mut(d))
-                        .enumerate()
-                    {
-                        let n = nq - first_row;
-                        for (r, (pc, dc)) in
-                            p_col.iter_mut().zip(ds_col.iter_mut()).take(n).enumerate()
-                        {
-                            let at = (first_row + r) * nk + j;
-                            *pc = p_t[at];
-                            *dc = ds_t[at];
-                        }
-                        add_rows::<FMA>(dv_j, &p_col[..n], g_rows, d);
-                        add_rows::<FMA>(dk_j, &ds_col[..n], q_rows, d);
+                // 2b. dQ += dS K, dV += Pᵀ dO, dK += dSᵀ Q.
+                if any {
+                    unsafe {
+                        tile_product(dq_t, (nq, d), true, ds_t, (1, nk), k_t, (1, d), nk, 1.0);
+                        tile_product(dv_acc, (nk, d), true, p_t, (nk, 1), g_t, (1, d), nq, 1.0);
+                        tile_product(dk_acc, (nk, d), true, ds_t, (nk, 1), q_t, (1, d), nq, 1.0);
                     }
                 }
                 q0 += nq;
@@ -671,20 +674,45 @@ mod tests {
     }
 
     #[test]
-    fn dot_products_handle_tails() {
-        for d in [1usize, 7, 8, 12, 16, 33, 128] {
-            let a: Vec<f32> = (0..d).map(|i| i as f32 * 0.5 - 1.0).collect();
-            let b: Vec<Vec<f32>> = (0..4)
-                .map(|u| (0..d).map(|i| ((i + u) % 5) as f32 - 2.0).collect())
-                .collect();
-            let want: Vec<f32> = b
-                .iter()
-                .map(|b| a.iter().zip(b).map(|(x, y)| x * y).sum())
-                .collect();
-            let got4 = dot4::<false>(&a, [&b[0], &b[1], &b[2], &b[3]]);
-            for u in 0..4 {
-                assert!((got4[u] - want[u]).abs() < 1e-4, "d {d}");
-                assert!((dot::<false>(&a, &b[u]) - want[u]).abs() < 1e-4, "d {d}");
+    fn tile_products_follow_their_strides() {
+        // dst (m, n) [+]= alpha · A · B with A given as (m, k) rows or as the transpose of a
+        // (k, m) buffer, B as (k, n) rows or as the transpose of (n, k), against a naive sum.
+        for (m, n, k) in [
+            (1usize, 1usize, 1usize),
+            (7, 5, 3),
+            (64, 128, 128),
+            (33, 64, 17),
+        ] {
+            let a: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 - 3.0).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| (i % 5) as f32 * 0.5 - 1.0).collect();
+            let at = |r: usize, c: usize| a[r * k + c];
+            let bt = |r: usize, c: usize| b[r * n + c];
+            let want = |acc: f32, r: usize, c: usize| {
+                acc + 0.5 * (0..k).map(|x| at(r, x) * bt(x, c)).sum::<f32>()
+            };
+            // A as rows, B as rows, accumulating onto 1.0.
+            let mut dst = vec![1f32; m * n];
+            unsafe { tile_product(&mut dst, (m, n), true, &a, (1, k), &b, (1, n), k, 0.5) };
+            for r in 0..m {
+                for c in 0..n {
+                    assert!(
+                        (dst[r * n + c] - want(1.0, r, c)).abs() < 1e-3,
+                        "{m}x{n}x{k}"
+                    );
+                }
+            }
+            // The same product from transposed buffers, overwriting.
+            let a_t: Vec<f32> = (0..k * m).map(|i| at(i % m, i / m)).collect();
+            let b_t: Vec<f32> = (0..n * k).map(|i| bt(i % k, i / k)).collect();
+            let mut dst = vec![9f32; m * n];
+            unsafe { tile_product(&mut dst, (m, n), false, &a_t, (m, 1), &b_t, (k, 1), k, 0.5) };
+            for r in 0..m {
+                for c in 0..n {
+                    assert!(
+                        (dst[r * n + c] - want(0.0, r, c)).abs() < 1e-3,
+                        "{m}x{n}x{k} (t)"
+                    );
+                }
             }
         }
     }
