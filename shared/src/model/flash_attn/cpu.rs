@@ -576,8 +576,7 @@ fn backward_group<T: Elem, const FMA: bool>(
                 //     of S), zero where a key is invisible.
                 let p_t = &mut p_tile[..nq * nk];
                 let ds_t = &mut ds_tile[..nq * nk];
-                // SAFETY (every `tile_product` below): the slices hold the shapes given, and
-                // the destination aliases no operand.
+                // SAFETY: the slices hold the shapes given; the destinations alias no operand.
                 unsafe {
                     tile_product(
                         p_t,
@@ -633,6 +632,7 @@ fn backward_group<T: Elem, const FMA: bool>(
                 }
                 // 2b. dQ += dS K, dV += Pᵀ dO, dK += dSᵀ Q.
                 if any {
+                    // SAFETY: as in 2a.
                     unsafe {
                         tile_product(dq_t, (nq, d), true, ds_t, (1, nk), k_t, (1, d), nk, 1.0);
                         tile_product(dv_acc, (nk, d), true, p_t, (nk, 1), g_t, (1, d), nq, 1.0);
@@ -692,6 +692,7 @@ mod tests {
             };
             // A as rows, B as rows, accumulating onto 1.0.
             let mut dst = vec![1f32; m * n];
+            // SAFETY: `a` (m, k), `b` (k, n), `dst` (m, n).
             unsafe { tile_product(&mut dst, (m, n), true, &a, (1, k), &b, (1, n), k, 0.5) };
             for r in 0..m {
                 for c in 0..n {
@@ -705,6 +706,7 @@ mod tests {
             let a_t: Vec<f32> = (0..k * m).map(|i| at(i % m, i / m)).collect();
             let b_t: Vec<f32> = (0..n * k).map(|i| bt(i % k, i / k)).collect();
             let mut dst = vec![9f32; m * n];
+            // SAFETY: `a_t` (k, m), `b_t` (n, k), `dst` (m, n).
             unsafe { tile_product(&mut dst, (m, n), false, &a_t, (m, 1), &b_t, (k, 1), k, 0.5) };
             for r in 0..m {
                 for c in 0..n {
