@@ -116,8 +116,8 @@ knobs! {
     /// Seed of the learner's own draws (SFT packing order, prompt retirement, reward-model
     /// training); independent of `actor.seed`.
     seed: u64 = 0, flag "learner-seed";
-    /// Activation checkpointing of the policy's decoder layers: every k-th layer keeps only its
-    /// input and is recomputed in backward (0 = off, 1 = every layer, k = layers 0, k, 2k, ...;
+    /// Activation checkpointing of the policy's decoder layers: every k-th layer keeps only the
+    /// inputs of its attention and MLP blocks and is recomputed in backward, a block at a time (0 = off, 1 = every layer, k = layers 0, k, 2k, ...;
     /// at most 1024). Same gradients, less memory, one more forward per checkpointed layer.
     activation_checkpointing: usize = 1, flag "activation-checkpointing";
 }

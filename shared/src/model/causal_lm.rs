@@ -459,8 +459,8 @@ impl CausalLm {
     }
 
     /// Activation checkpointing of the differentiable full-sequence forward: every `k`-th
-    /// decoder layer (layers `0, k, 2k, ...`) keeps only its input for backward and is
-    /// recomputed there; `0` turns it off, `1` checkpoints every layer. Gradients are the same
+    /// decoder layer (layers `0, k, 2k, ...`) keeps only the inputs of its two blocks (attention,
+    /// MLP) for backward and is recomputed there, one block at a time; `0` turns it off, `1` checkpoints every layer. Gradients are the same
     /// either way; a forward without a graph (inference, the KL reference) is unaffected.
     pub fn set_checkpoint_every(&mut self, k: usize) {
         self.checkpoint_every = k;
@@ -542,7 +542,7 @@ impl CausalLm {
         // 2. Rotary tables for these positions: (b, 1, s, hd / 2).
         let (cos, sin) = self.rotary.at(positions)?;
         // 3. Decoder layers, pre-norm residual; with checkpointing, every k-th layer of a
-        //    differentiable full-sequence forward keeps only its input.
+        //    differentiable full-sequence forward keeps only its blocks' inputs.
         let k = self.checkpoint_every;
         let own = matches!(kv, KvMode::Own) && mode == OpsMode::Train;
         for (i, layer) in self.layers.iter().enumerate() {
