@@ -8,18 +8,9 @@ use clap::{Parser, Subcommand};
 /// The allocator. Candle allocates a fresh buffer for every tensor op; with glibc's malloc each
 /// large one is a new mmap that the kernel zero-fills page by page and unmaps on drop. On the
 /// tiny default's SFT steps that was a third of all CPU time, in the kernel. mimalloc with
-/// purging off keeps freed pages for reuse (RSS stays at its peak, which is what we size for).
+/// purging off (`cascade_shared::device::keep_freed_memory`) keeps freed pages for reuse.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// `mi_option_purge_delay` in mimalloc's `mi_option_e` (v2 header; libmimalloc-sys does not
-/// export the constant). -1 = never return freed memory to the OS.
-const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
-
-fn keep_freed_memory() {
-    // SAFETY: sets a process-wide option before any other thread exists.
-    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
-}
 
 /// Cascade RL: train reasoning language models one domain after another, with separate actor
 /// and learner processes connected by a memory-mapped replay log.
@@ -85,7 +76,7 @@ fn main() {
     cascade_shared::device::set_cpu_pool_defaults();
     raise_open_file_limit();
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
-        keep_freed_memory();
+        cascade_shared::device::keep_freed_memory();
     }
     let cli = Cli::parse();
     tracing_subscriber::fmt()

@@ -18,9 +18,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> anyhow::Result<()> {
     cascade_shared::device::set_cpu_pool_defaults();
-    // mi_option_purge_delay = -1: freed pages are kept for reuse, as in src/main.rs.
-    // SAFETY: a process-wide option set before any other thread exists.
-    unsafe { libmimalloc_sys::mi_option_set(15, -1) };
+    cascade_shared::device::keep_freed_memory();
     let all: Vec<String> = std::env::args().skip(1).collect();
     let args: Vec<&String> = all.iter().filter(|a| !a.starts_with("--")).collect();
     let checkpoint: usize = all

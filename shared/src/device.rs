@@ -46,6 +46,20 @@ pub fn set_cpu_pool_defaults() {
     }
 }
 
+/// `mi_option_purge_delay` in mimalloc's `mi_option_e` (v2 header; libmimalloc-sys does not
+/// export the constant). -1 = never return freed memory to the OS.
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
+/// For binaries whose global allocator is mimalloc (`cascade`, the model bench): freed pages
+/// are kept for reuse instead of being returned to the OS. Candle allocates a fresh buffer for
+/// every tensor op; returned pages come back zero-filled page by page at the next op (a third
+/// of the tiny default's SFT CPU time under glibc's malloc). RSS stays at its peak, which is
+/// what we size for. Call first thing in `main`, before any other thread exists.
+pub fn keep_freed_memory() {
+    // SAFETY: sets a process-wide option before any other thread exists.
+    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -42,6 +42,19 @@ fn f32s<'a>(op: &str, what: &str, s: &'a CpuStorage, l: &Layout) -> candle_core:
     }
 }
 
+/// The gradients of `a` and `b` from one flat buffer a backward kernel wrote them into (`a`'s
+/// elements, then `b`'s), as views of it.
+fn split_gradients(
+    both: &Tensor,
+    a: &Tensor,
+    b: &Tensor,
+) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+    let n = a.elem_count();
+    let da = both.narrow(0, 0, n)?.reshape(a.shape())?;
+    let db = both.narrow(0, n, b.elem_count())?.reshape(b.shape())?;
+    Ok((Some(da), Some(db)))
+}
+
 /// Rows per task for rows of `width` elements.
 fn rows_per_task(width: usize) -> usize {
     (TASK / width.max(1)).max(1)
@@ -116,10 +129,7 @@ impl CustomOp2 for RmsNorm {
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
         // One kernel writes dx and dw into one buffer; the two gradients are views of it.
         let both = x.apply_op3_no_bwd(w, &dy.contiguous()?, &RmsNormBwd { eps: self.eps })?;
-        let (n, h) = (x.elem_count(), w.elem_count());
-        let dx = both.narrow(0, 0, n)?.reshape(x.shape())?;
-        let dw = both.narrow(0, n, h)?;
-        Ok((Some(dx), Some(dw)))
+        split_gradients(&both, x, w)
     }
 }
 
@@ -244,10 +254,7 @@ impl CustomOp2 for SwiGlu {
         dy: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
         let both = g.apply_op3_no_bwd(u, &dy.contiguous()?, &SwiGluBwd)?;
-        let n = g.elem_count();
-        let dg = both.narrow(0, 0, n)?.reshape(g.shape())?;
-        let du = both.narrow(0, n, n)?.reshape(u.shape())?;
-        Ok((Some(dg), Some(du)))
+        split_gradients(&both, g, u)
     }
 }
 
