@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build, on a CPU-only x86-64 machine, everything the GPU host runs: the `cascade` release
-# binary with `--features cuda` and the CUDA test binaries, into .gpu/ (git-ignored), gzipped
+# binary with `--features cuda` and the CUDA test binaries, into .gpu/ (git-ignored), xz-compressed
 # to fit the 64 MiB that travels. The CUDA toolkit comes from the CUDA 13.0 PyPI wheels (the
 # GPU host has driver 580 / CUDA 13.0; see ../shared/GPU.md), plus a link-time-only libcuda
 # stub that is never carried. Idempotent: wheels, toolkit tree and cargo builds are reused.
@@ -100,7 +100,11 @@ cargo test --release --locked --features cuda --workspace --no-run --message-for
 echo "== [5/5] pack into $GPU_DIR"
 rm -rf "$GPU_DIR"
 mkdir -p "$GPU_DIR/tests"
-gzip -c "$CARGO_TARGET_DIR/release/cascade" > "$GPU_DIR/cascade.gz"
+# Stripped (backtraces lose function names) and xz-compressed: candle's embedded kernels make
+# each binary ~50 MB, which gzip only halves; xz -9 takes them to about a fifth, so that the
+# binary and every CUDA test binary travel in one call.
+pack() { strip -o "$GPU_DIR/.tmp" "$1" && xz -9 -T0 -c "$GPU_DIR/.tmp" > "$2" && rm "$GPU_DIR/.tmp"; }
+pack "$CARGO_TARGET_DIR/release/cascade" "$GPU_DIR/cascade.xz"
 # "name<TAB>crate dir (relative to the repo)<TAB>executable" for every test target named *cuda*.
 "$PY" - "$CARGO_TARGET_DIR/gpu-tests.json" "$REPO" > "$GPU_DIR/tests.tsv" <<'PYEOF'
 import json, os, sys
@@ -119,7 +123,7 @@ for line in open(sys.argv[1]):
     print(f"{name}\t{crate_dir}\t{m['executable']}")
 PYEOF
 while IFS=$'\t' read -r name crate exe; do
-  gzip -c "$exe" > "$GPU_DIR/tests/$name.gz"
+  pack "$exe" "$GPU_DIR/tests/$name.xz"
   echo "  test $name ($crate): $(stat -c %s "$exe") bytes"
 done < "$GPU_DIR/tests.tsv"
 cut -f1,2 "$GPU_DIR/tests.tsv" > "$GPU_DIR/tests.list"

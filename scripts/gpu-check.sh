@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU host (no Rust, no network) with what scripts/build-gpu.sh packed into DIR:
-# the CUDA test binaries (sampler, engine, fused attention against the CPU op), the GPU sampler,
-# engine and fused-attention benchmarks, then a short `cascade run`
+# the CUDA test binaries (sampler, engine, fused attention and the learner's SFT gradients against
+# the CPU), the GPU sampler, engine, fused-attention and learner-step benchmarks, then a short `cascade run`
 # (the tiny default, 3 steps a stage) with learner and actor on cuda:0. Writes results.md,
 # gpu-check.log and logs.tar.gz (every step's log and table) under $OUT: the device tool
 # brings back at most 8 files.
@@ -58,12 +58,14 @@ step() {  # step NAME TIMEOUT_S DIR CMD...
   tar czf "$OUT/logs.tar.gz" -C "$WORK" logs 2>/dev/null || true
 }
 
-gunzip -c "$DIR/cascade.gz" > "$WORK/cascade" && chmod +x "$WORK/cascade"
+# xz where the host has it, else Python's lzma.
+unxz_to() { xz -dc "$1" > "$2" 2>/dev/null || python3 -c 'import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2],"wb"))' "$1" "$2"; }
+unxz_to "$DIR/cascade.xz" "$WORK/cascade" && chmod +x "$WORK/cascade"
 echo "== binary needs:"; ldd "$WORK/cascade" | grep -E "not found|cuda|cublas|curand" || true
 step cascade-help 30 . "$WORK/cascade" --help
 
 while IFS=$'\t' read -r name crate; do
-  gunzip -c "$DIR/tests/$name.gz" > "$WORK/$name" && chmod +x "$WORK/$name"
+  unxz_to "$DIR/tests/$name.xz" "$WORK/$name" && chmod +x "$WORK/$name"
   step "$name" 240 "$crate" "$WORK/$name" --test-threads=1
 done < "$DIR/tests.list"
 
@@ -88,6 +90,14 @@ if [ -x "$WORK/flash_attn_cuda" ]; then
   export FLASH_ATTN_BENCH_OUT=$LOGS/flash_attn_gpu.md
   step flash-attn-gpu-bench 180 shared "$WORK/flash_attn_cuda" --ignored --exact gpu_flash_attn_benchmark --nocapture
   [ -f "$LOGS/flash_attn_gpu.md" ] && { echo; cat "$LOGS/flash_attn_gpu.md"; } >> "$RESULTS"
+fi
+
+# One learner SFT step of the Qwen3-0.6B shape in bf16 at 8K and 32K tokens (an ignored test in
+# learner_cuda): wall time and the device memory peak; its table goes into results.md.
+if [ -x "$WORK/learner_cuda" ]; then
+  export LEARNER_BENCH_OUT=$LOGS/learner_gpu.md
+  step learner-gpu-bench 200 learner "$WORK/learner_cuda" --ignored --exact gpu_learner_step_benchmark --nocapture
+  [ -f "$LOGS/learner_gpu.md" ] && { echo; cat "$LOGS/learner_gpu.md"; } >> "$RESULTS"
 fi
 
 # The whole cascade on the GPU, short: the embedded tiny default with 3 steps a stage, learner

@@ -63,7 +63,7 @@ impl<S: RolloutSource> Learner<'_, S> {
         };
         while (self.state.stage_step as usize) < stage.steps {
             let t0 = Instant::now();
-            let memory = StepMemory::start();
+            let memory = StepMemory::start_on(&self.opts.device);
             let version = self.state.policy_version;
             let before = filter.metrics().clone();
             let Some(step) = self.next_step(&mut filter, &mut tracker, stage)? else {
@@ -149,6 +149,7 @@ impl<S: RolloutSource> Learner<'_, S> {
             let step_s = t0.elapsed().as_secs_f64();
             let compute_s = (step_s - step.idle_s).max(1e-9);
             let (applied, due) = self.finish_step(outcome, stage);
+            let reading = memory.finish(&self.opts.device);
             let after = filter.metrics();
             let lags: Vec<u64> = step
                 .kept
@@ -206,8 +207,9 @@ impl<S: RolloutSource> Learner<'_, S> {
                 ref_log_ratio_max: Some(stats.ref_log_ratio_max),
                 no_signal: Some(step.no_signal),
                 skipped: Some(!applied),
-                peak_rss_mb: memory.finish(&self.opts.device).peak_rss_mb,
-                device_memory_mb: memory.finish(&self.opts.device).device_memory_mb,
+                peak_rss_mb: reading.peak_rss_mb,
+                device_memory_mb: reading.device_memory_mb,
+                device_peak_mb: reading.device_peak_mb,
             });
             if due {
                 self.publish(false)?;

@@ -77,7 +77,7 @@ impl<S: RolloutSource> Learner<'_, S> {
                 return Ok(false);
             }
             let t0 = Instant::now();
-            let memory = StepMemory::start();
+            let memory = StepMemory::start_on(&self.opts.device);
             let start = self.state.stage_step as usize * stage.batch_prompts;
             let rows = schedule.rows(start, stage.batch_prompts);
             // This rank's micro-batches of the step (all of them in one process).
@@ -128,6 +128,7 @@ impl<S: RolloutSource> Learner<'_, S> {
                 skipped: Some(!applied),
                 peak_rss_mb: reading.peak_rss_mb,
                 device_memory_mb: reading.device_memory_mb,
+                device_peak_mb: reading.device_peak_mb,
             });
             if due {
                 self.publish(false)?;

@@ -179,6 +179,9 @@ pub struct SftStep {
     /// Device memory in use at the end of the step, MiB (CUDA only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device_memory_mb: Option<f64>,
+    /// Peak device memory of this process's allocations during the step, MiB (CUDA only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_peak_mb: Option<f64>,
 }
 
 /// Per-mode statistics of a `learner_step` (`by_mode.think`, `by_mode.no_think`).
@@ -274,6 +277,9 @@ pub struct LearnerStep {
     /// Device memory in use at the end of the step, MiB (CUDA only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device_memory_mb: Option<f64>,
+    /// Peak device memory of this process's allocations during the step, MiB (CUDA only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_peak_mb: Option<f64>,
 }
 
 /// `warning`: the last `equal_reward_groups_in_a_row` groups of a stage all had equal rewards.

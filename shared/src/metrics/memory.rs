@@ -8,8 +8,12 @@
 //! step's peak), and [`StepMemory::exact`] says so. Elsewhere there is no reading.
 //!
 //! **Device** (the `cuda` feature, a CUDA device): memory in use on the device at the end of
-//! the step (`total − free` from `cuMemGetInfo`; the driver has no per-process peak), which
-//! includes the caching of the allocator and other processes on the same device.
+//! the step (`total − free` from `cuMemGetInfo`), which includes the caching of the allocator
+//! and other processes on the same device; and the step's **device peak**: candle allocates
+//! through cudarc's stream-ordered allocator (`cuMemAllocAsync` from the device's default
+//! memory pool), whose high-water mark of memory handed out (`CU_MEMPOOL_ATTR_USED_MEM_HIGH`)
+//! [`StepMemory::start_on`] resets and [`StepMemory::finish`] reads. That peak counts this
+//! process's allocations only, not the CUDA context or cuBLAS workspaces.
 
 use candle_core::Device;
 
@@ -27,6 +31,9 @@ pub struct MemoryReading {
     pub peak_rss_mb: Option<f64>,
     /// Device memory in use at the end of the step, MiB (CUDA only).
     pub device_memory_mb: Option<f64>,
+    /// Peak device memory held by this process's allocations during the step, MiB (CUDA only,
+    /// where the default memory pool answers; see the module's notes).
+    pub device_peak_mb: Option<f64>,
 }
 
 impl StepMemory {
@@ -34,6 +41,12 @@ impl StepMemory {
     pub fn start() -> StepMemory {
         let exact = std::fs::write("/proc/self/clear_refs", "5").is_ok();
         StepMemory { exact }
+    }
+
+    /// [`StepMemory::start`], and on a CUDA device also resets the device's peak.
+    pub fn start_on(device: &Device) -> StepMemory {
+        reset_device_peak_mb(device);
+        StepMemory::start()
     }
 
     /// Whether the peak covers only this step (the high-water mark could be reset).
@@ -46,6 +59,7 @@ impl StepMemory {
         MemoryReading {
             peak_rss_mb: peak_rss_mb(),
             device_memory_mb: device_memory_mb(device),
+            device_peak_mb: device_peak_mb(device),
         }
     }
 }
@@ -80,5 +94,78 @@ pub fn device_memory_mb(device: &Device) -> Option<f64> {
         }
         #[allow(unreachable_patterns)]
         _ => None,
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod pool {
+    use candle_core::cuda_backend::cudarc::driver::sys;
+    use candle_core::cuda_backend::CudaDevice;
+
+    /// The device's default memory pool (the one `cuMemAllocAsync` draws from).
+    fn default_pool(dev: &CudaDevice) -> Option<sys::CUmemoryPool> {
+        let stream = dev.cuda_stream();
+        let ctx = stream.context();
+        ctx.bind_to_thread().ok()?;
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: `pool` is a valid out-pointer and the device handle comes from a live context.
+        let r = unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) };
+        (r == sys::CUresult::CUDA_SUCCESS && !pool.is_null()).then_some(pool)
+    }
+
+    pub(super) fn used_high(dev: &CudaDevice) -> Option<u64> {
+        let pool = default_pool(dev)?;
+        let mut value: u64 = 0;
+        // SAFETY: USED_MEM_HIGH is a cuuint64_t attribute; `value` is one.
+        let r = unsafe {
+            sys::cuMemPoolGetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+                &mut value as *mut u64 as *mut std::ffi::c_void,
+            )
+        };
+        (r == sys::CUresult::CUDA_SUCCESS).then_some(value)
+    }
+
+    pub(super) fn reset_used_high(dev: &CudaDevice) -> bool {
+        let Some(pool) = default_pool(dev) else {
+            return false;
+        };
+        let mut zero: u64 = 0;
+        // SAFETY: resetting a high-water mark takes a cuuint64_t zero.
+        let r = unsafe {
+            sys::cuMemPoolSetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+                &mut zero as *mut u64 as *mut std::ffi::c_void,
+            )
+        };
+        r == sys::CUresult::CUDA_SUCCESS
+    }
+}
+
+/// Peak device memory (MiB) handed out by `device`'s default memory pool since the last
+/// [`reset_device_peak_mb`] (CUDA only; `None` on the CPU or when the pool does not answer).
+pub fn device_peak_mb(device: &Device) -> Option<f64> {
+    match device {
+        Device::Cpu => None,
+        #[cfg(feature = "cuda")]
+        Device::Cuda(dev) => {
+            device.synchronize().ok()?;
+            pool::used_high(dev).map(|b| b as f64 / (1024.0 * 1024.0))
+        }
+        #[allow(unreachable_patterns)]
+        _ => None,
+    }
+}
+
+/// Resets the device's peak to what is in use now; whether it could.
+pub fn reset_device_peak_mb(device: &Device) -> bool {
+    match device {
+        Device::Cpu => false,
+        #[cfg(feature = "cuda")]
+        Device::Cuda(dev) => device.synchronize().is_ok() && pool::reset_used_high(dev),
+        #[allow(unreachable_patterns)]
+        _ => false,
     }
 }

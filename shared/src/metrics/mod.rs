@@ -82,7 +82,10 @@ pub use events::{
 };
 pub use heldout::{HeldoutRow, HeldoutTable, StageGain, HELDOUT_FILE};
 pub use log::{read_events, unix_now, MetricsLog, METRICS_FILE};
-pub use memory::{device_memory_mb, peak_rss_mb, rss_mb, MemoryReading, StepMemory};
+pub use memory::{
+    device_memory_mb, device_peak_mb, peak_rss_mb, reset_device_peak_mb, rss_mb, MemoryReading,
+    StepMemory,
+};
 pub use read::{parse_metrics, Event, EventKind, Metrics};
 pub use seeds::{
     tolerance, GoalCheck, OtherChange, OwnGain, Retention, SeedGoals, SeedRun, SeedsSummary,
