@@ -339,8 +339,10 @@ pub fn accumulate_sft_gradients_part(
         let ids = Tensor::from_vec(ids, (n, width), device)?;
         let seg = Tensor::from_vec(seg, (n, width), device)?;
         let selected = Tensor::new(selected.as_slice(), device)?;
-        let logprobs = model.token_logprobs_selected(&ids, Some(&seg), &selected)?;
-        let nll = (logprobs.sum_all()?.neg()? / norm)?;
+        let nll = (model
+            .token_logprob_sum_selected(&ids, Some(&seg), &selected)?
+            .neg()?
+            / norm)?;
         loss_sum += f64::from(nll.to_scalar::<f32>()?);
         let weighted = if scale == 1.0 { nll } else { (nll * scale)? };
         let grads = weighted.backward()?;

@@ -297,6 +297,81 @@ fn selected_positions_give_the_same_logprobs_and_gradients() -> Result<()> {
 }
 
 #[test]
+fn the_logprob_sum_has_the_summed_logprobs_value_and_gradients() -> Result<()> {
+    // `token_logprob_sum(_selected)` computes the LM head's gradients in the forward (fused
+    // CPU path) and scales them in backward: against the plain path's summed log-probs, with a
+    // loss scale that is not 1, chunks that straddle rows, a tied and an untied head, and
+    // bf16 (the unfused fallback).
+    for (tied, dtype, chunk) in [
+        (true, DType::F32, 16usize),
+        (false, DType::F32, 7),
+        (true, DType::F32, 100_000),
+        (true, DType::BF16, 16),
+    ] {
+        let (model, params) = random_model(tied, dtype)?;
+        let (ids, mask, w) = batch(300, 65, 9)?;
+        let wv = w.flatten_all()?.to_vec1::<f32>()?;
+        let selected: Vec<u32> = (0..wv.len() as u32)
+            .filter(|&i| wv[i as usize] > 0.0)
+            .collect();
+        let selected = Tensor::new(selected.as_slice(), &Device::Cpu)?;
+        let mut m = model.clone();
+        m.set_logits_chunk_rows(Some(chunk));
+        m.set_checkpoint_every(1);
+        let scale = -0.37f64;
+        let run = |sum: Tensor| -> Result<(f32, Vec<(String, Tensor)>)> {
+            let value = sum.to_dtype(DType::F32)?.to_scalar::<f32>()?;
+            let grads = (sum * scale)?.backward()?;
+            let g = params
+                .vars
+                .iter()
+                .map(|(k, v)| {
+                    Ok((
+                        k.clone(),
+                        grads.get(v.as_tensor()).context("gradient")?.clone(),
+                    ))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Ok((value, g))
+        };
+        // bf16 takes the unfused path: against the same chunking and checkpointing (two bf16
+        // configurations differ by their rounding, see `chunked_and_checkpointed_in_bf16`).
+        let (tol, reference_model) = if dtype == DType::F32 {
+            (1e-5, &model)
+        } else {
+            (1e-6, &m)
+        };
+        for selected in [Some(&selected), None] {
+            let (got, reference) = match selected {
+                Some(sel) => (
+                    m.token_logprob_sum_selected(&ids, Some(&mask), sel)?,
+                    reference_model
+                        .token_logprobs_selected(&ids, Some(&mask), sel)?
+                        .sum_all()?,
+                ),
+                None => (
+                    m.token_logprob_sum(&ids, Some(&mask))?,
+                    reference_model
+                        .token_logprobs(&ids, Some(&mask))?
+                        .sum_all()?,
+                ),
+            };
+            let (v_got, g_got) = run(got)?;
+            let (v_ref, g_ref) = run(reference)?;
+            assert!(
+                ((v_got - v_ref) / v_ref).abs() < tol as f32,
+                "{tied} {dtype:?} {chunk}: {v_got} vs {v_ref}"
+            );
+            for ((name, a), (_, b)) in g_got.iter().zip(&g_ref) {
+                let r = relative(a, b)?;
+                assert!(r < tol as f32, "{tied} {dtype:?} {chunk} {name}: {r}");
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
 fn a_sequence_longer_than_the_context_names_its_row() -> Result<()> {
     let (model, _) = load_trainable(&model_fixture("qwen3-untied"), DType::F32, &Device::Cpu)?;
     let max = model.config().max_position_embeddings;

@@ -9,7 +9,9 @@ use super::config::parameter_shapes;
 use super::config::ModelConfig;
 use super::flash_attn::{flash_attn, Segments};
 use super::layers::{apply_rotary, softmax_last, Linear, Mlp, OpsMode, RmsNorm, Rotary};
-use super::recompute::{checkpoint_layer, chunked_logprobs, logits_chunk_rows, Recomputable};
+use super::recompute::{
+    checkpoint_layer, chunked_logprob_sum, chunked_logprobs, logits_chunk_rows, Recomputable,
+};
 use super::{ModelError, Result};
 
 /// How the full-sequence (training) forward computes attention.
@@ -719,6 +721,59 @@ impl CausalLm {
         attention_mask: Option<&Tensor>,
         selected: &Tensor,
     ) -> Result<Tensor> {
+        let (hidden, targets) = self.selected_hidden(input_ids, attention_mask, selected)?;
+        let lp = self.hidden_logprobs(&hidden.unsqueeze(0)?, &targets.unsqueeze(0)?, None)?;
+        Ok(lp.squeeze(0)?)
+    }
+
+    /// The sum of [`CausalLm::token_logprobs_selected`], a scalar (the SFT loss is its negative
+    /// over a count). Same value and gradients; on the CPU in f32 the LM head's gradients are
+    /// computed in the forward's pass over each chunk of logits, so that backward does not
+    /// recompute them ([`super::recompute::chunked_logprob_sum`]).
+    pub fn token_logprob_sum_selected(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: Option<&Tensor>,
+        selected: &Tensor,
+    ) -> Result<Tensor> {
+        let (hidden, targets) = self.selected_hidden(input_ids, attention_mask, selected)?;
+        chunked_logprob_sum(
+            &hidden,
+            &self.lm_head,
+            &targets,
+            None,
+            self.logits_chunk_rows
+                .unwrap_or_else(|| logits_chunk_rows(self.cfg.vocab_size)),
+        )
+    }
+
+    /// The sum of [`CausalLm::token_logprobs`] over every position, a scalar, as
+    /// [`CausalLm::token_logprob_sum_selected`] computes it.
+    pub fn token_logprob_sum(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let (hidden, targets) = self.next_token_hidden(input_ids, attention_mask)?;
+        let (b, s, h) = hidden.dims3()?;
+        chunked_logprob_sum(
+            &hidden.reshape((b * s, h))?,
+            &self.lm_head,
+            &targets.reshape(b * s)?,
+            None,
+            self.logits_chunk_rows
+                .unwrap_or_else(|| logits_chunk_rows(self.cfg.vocab_size)),
+        )
+    }
+
+    /// The hidden states `(n, h)` at `selected` positions of the next-token grid and the
+    /// tokens they predict `(n)`.
+    fn selected_hidden(
+        &self,
+        input_ids: &Tensor,
+        attention_mask: Option<&Tensor>,
+        selected: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
         let (b, t) = input_ids.dims2()?;
         let n = selected.dim(0)?;
         let top = if n == 0 {
@@ -742,8 +797,7 @@ impl CausalLm {
             .contiguous()?
             .flatten_all()?
             .index_select(selected, 0)?;
-        let lp = self.hidden_logprobs(&hidden.unsqueeze(0)?, &targets.unsqueeze(0)?, None)?;
-        Ok(lp.squeeze(0)?)
+        Ok((hidden, targets))
     }
 
     /// [`CausalLm::token_logprobs_at`] at selected positions only (see

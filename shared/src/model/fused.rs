@@ -536,6 +536,81 @@ impl CustomOp1 for LogprobGrad<'_> {
     }
 }
 
+/// `dst (m, n) [+]= lhsᵀ · rhs` for f32 CPU tensors `lhs` `(k, m)` and `rhs` `(k, n)` and a
+/// row-major `dst`: the LM head weight's gradient summed over row chunks in one buffer, with no
+/// `(m, n)` temporary per chunk. `accumulate = false` overwrites `dst`. Parallel over candle's
+/// threads (as candle's matmul); the `gemm` crate's reduction order does not depend on them.
+pub(crate) fn add_transposed_product(
+    dst: &mut [f32],
+    lhs: &Tensor,
+    rhs: &Tensor,
+    accumulate: bool,
+) -> candle_core::Result<()> {
+    let op = "fused-transposed-product";
+    let ((k, m), (k2, n)) = (lhs.dims2()?, rhs.dims2()?);
+    if k != k2 || dst.len() != m * n {
+        candle_core::bail!(
+            "{op}: lhs ({k}, {m}), rhs ({k2}, {n}), destination of {} elements",
+            dst.len()
+        );
+    }
+    let (lhs, rhs) = (lhs.contiguous()?, rhs.contiguous()?);
+    let (ls, ll) = lhs.storage_and_layout();
+    let (rs, rl) = rhs.storage_and_layout();
+    let (candle_core::Storage::Cpu(lc), candle_core::Storage::Cpu(rc)) = (&*ls, &*rs) else {
+        candle_core::bail!("{op}: CPU tensors only")
+    };
+    let (a, b) = (f32s(op, "lhs", lc, ll)?, f32s(op, "rhs", rc, rl)?);
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    if k == 0 {
+        if !accumulate {
+            dst.fill(0.0);
+        }
+        return Ok(());
+    }
+    let threads = candle_core::utils::get_num_threads();
+    let parallelism = if threads > 1 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    };
+    // SAFETY: `a` holds the (k, m) matrix read as its transpose (column stride m, row stride 1),
+    // `b` the (k, n) matrix (column stride 1, row stride n), `dst` m · n elements; all checked
+    // above.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            a.as_ptr(),
+            m as isize,
+            1,
+            b.as_ptr(),
+            1,
+            n as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            parallelism,
+        );
+    }
+    Ok(())
+}
+
+/// Multiplies every element by `s` in place (parallel, fixed tasks).
+pub(crate) fn scale_in_place(x: &mut [f32], s: f32) {
+    x.par_chunks_mut(TASK)
+        .for_each(|c| c.iter_mut().for_each(|v| *v *= s));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
