@@ -741,7 +741,6 @@ impl CausalLm {
             &hidden,
             &self.lm_head,
             &targets,
-            None,
             self.logits_chunk_rows
                 .unwrap_or_else(|| logits_chunk_rows(self.cfg.vocab_size)),
         )
@@ -760,7 +759,6 @@ impl CausalLm {
             &hidden.reshape((b * s, h))?,
             &self.lm_head,
             &targets.reshape(b * s)?,
-            None,
             self.logits_chunk_rows
                 .unwrap_or_else(|| logits_chunk_rows(self.cfg.vocab_size)),
         )

@@ -256,38 +256,30 @@ pub(crate) fn logits_chunk_rows(vocab: usize) -> usize {
     (LOGITS_CHUNK_ELEMS / vocab.max(1)).max(1)
 }
 
-/// `Σᵢ log softmax(hidden_i · weightᵀ · inv_i)[targets_i]`: the sum of [`chunked_logprobs`], as
-/// a scalar (the SFT loss is its negative over a count). Its backward receives one scalar, so
+/// `Σᵢ log softmax(hidden_i · weightᵀ)[targets_i]`: the sum of [`chunked_logprobs`] (temperature
+/// 1), as a scalar (the SFT loss is its negative over a count). Its backward receives one scalar, so
 /// every position's log-prob gets the same gradient; the fused CPU path (f32) therefore computes
 /// the gradients of `hidden` and `weight` in the forward's own pass over each chunk of logits,
 /// for a unit gradient, and backward only scales them: each chunk's logits are computed once,
 /// never recomputed (what a fused linear cross-entropy does). It holds those gradients from
 /// forward to backward: the weight's `(vocab, h)` f32, which backward would allocate anyway, and
 /// the hidden states' `(n, h)`. Elsewhere (bf16, CUDA), and when nothing needs a gradient, it is
-/// `chunked_logprobs(..).sum_all()`.
+/// `chunked_logprobs(..).sum_all()`. Backward runs once: the gradients move into the caller's
+/// gradient store (a second `backward` of the same graph is an error).
 pub(crate) fn chunked_logprob_sum(
     hidden: &Tensor,
     weight: &Tensor,
     targets: &Tensor,
-    inv_temperature: Option<&Tensor>,
     rows: usize,
 ) -> Result<Tensor> {
     let (n, h) = hidden.dims2()?;
     let (track_h, track_w) = (hidden.track_op(), weight.track_op());
     if n == 0 || !(track_h || track_w) || !super::fused::applies(&[hidden, weight]) {
-        return Ok(chunked_logprobs(hidden, weight, targets, inv_temperature, rows)?.sum_all()?);
+        return Ok(chunked_logprobs(hidden, weight, targets, None, rows)?.sum_all()?);
     }
     let vocab = weight.dim(0)?;
     let rows = rows.max(1);
     let host_targets: Vec<u32> = targets.to_dtype(DType::U32)?.flatten_all()?.to_vec1()?;
-    let (inv, host_inv) = match inv_temperature {
-        Some(t) => {
-            let t = t.to_dtype(DType::F32)?.reshape((n, 1))?.detach();
-            let host: Vec<f32> = t.flatten_all()?.to_vec1()?;
-            (Some(t), Some(host))
-        }
-        None => (None, None),
-    };
     let (hd, wd) = (hidden.detach(), weight.detach());
     let mut dw = if track_w {
         vec![0f32; vocab * h]
@@ -299,18 +291,13 @@ pub(crate) fn chunked_logprob_sum(
     for start in (0..n).step_by(rows) {
         let len = rows.min(n - start);
         let h_c = hd.narrow(0, start, len)?;
-        let inv_c = inv.as_ref().map(|i| i.narrow(0, start, len)).transpose()?;
-        let z = chunk_logits(&h_c, &wd, inv_c.as_ref())?;
+        let z = chunk_logits(&h_c, &wd, None)?;
         let chunk_targets = &host_targets[start..start + len];
         let both = super::fused::row_logprobs(&z, chunk_targets)?;
         lps.push(both.narrow(1, 0, 1)?);
         let lse: Vec<f32> = both.narrow(1, 1, 1)?.flatten_all()?.to_vec1()?;
-        // d lp_i / d (h_i · wᵀ)_j = inv_i · (1[j = target_i] − p_ij), for a unit gradient.
-        let g = match &host_inv {
-            Some(inv) => inv[start..start + len].to_vec(),
-            None => vec![1f32; len],
-        };
-        let dz = super::fused::logprob_grad(&z, 0, chunk_targets, &lse, &g)?;
+        // d lp_i / d z_ij = 1[j = target_i] − p_ij, for a unit gradient.
+        let dz = super::fused::logprob_grad(&z, 0, chunk_targets, &lse, &vec![1f32; len])?;
         drop(z);
         if track_h {
             dh.push(dz.matmul(&wd)?);
