@@ -480,6 +480,12 @@ impl CausalLm {
         self.logits_chunk_rows = rows.map(|r| r.max(1));
     }
 
+    /// Positions per LM-head chunk: the override, else 2^24 logits' worth.
+    fn chunk_rows(&self) -> usize {
+        self.logits_chunk_rows
+            .unwrap_or_else(|| logits_chunk_rows(self.cfg.vocab_size))
+    }
+
     /// The activation checkpointing interval (0 = off).
     pub fn checkpoint_every(&self) -> usize {
         self.checkpoint_every
@@ -694,8 +700,7 @@ impl CausalLm {
             &self.lm_head,
             &targets.reshape(n)?,
             inv.as_ref(),
-            self.logits_chunk_rows
-                .unwrap_or_else(|| logits_chunk_rows(self.cfg.vocab_size)),
+            self.chunk_rows(),
         )?;
         Ok(lp.reshape((b, s))?)
     }
@@ -737,13 +742,7 @@ impl CausalLm {
         selected: &Tensor,
     ) -> Result<Tensor> {
         let (hidden, targets) = self.selected_hidden(input_ids, attention_mask, selected)?;
-        chunked_logprob_sum(
-            &hidden,
-            &self.lm_head,
-            &targets,
-            self.logits_chunk_rows
-                .unwrap_or_else(|| logits_chunk_rows(self.cfg.vocab_size)),
-        )
+        chunked_logprob_sum(&hidden, &self.lm_head, &targets, self.chunk_rows())
     }
 
     /// The sum of [`CausalLm::token_logprobs`] over every position, a scalar, as
@@ -759,8 +758,7 @@ impl CausalLm {
             &hidden.reshape((b * s, h))?,
             &self.lm_head,
             &targets.reshape(b * s)?,
-            self.logits_chunk_rows
-                .unwrap_or_else(|| logits_chunk_rows(self.cfg.vocab_size)),
+            self.chunk_rows(),
         )
     }
 
@@ -835,8 +833,7 @@ impl CausalLm {
             &self.lm_head,
             &targets,
             Some(&inv),
-            self.logits_chunk_rows
-                .unwrap_or_else(|| logits_chunk_rows(self.cfg.vocab_size)),
+            self.chunk_rows(),
         )
     }
 
