@@ -339,9 +339,11 @@ pub fn accumulate_sft_gradients_part(
         let ids = Tensor::from_vec(ids, (n, width), device)?;
         let seg = Tensor::from_vec(seg, (n, width), device)?;
         let selected = Tensor::new(selected.as_slice(), device)?;
-        // Not `token_logprob_sum_selected` (the LM head's gradients computed in the forward,
-        // faster on the CPU): with it, 2 learner ranks end 10 SFT steps 1.5e-6 from 1 rank on
-        // the LM head (`learner/tests/group.rs`), against 1e-7 with this path; not yet explained.
+        // Not yet `token_logprob_sum_selected` (the LM head's gradients computed in the forward,
+        // faster on the CPU): with it, 2 learner ranks end 10 SFT steps 1.5e-6 from 1 rank
+        // (`learner/tests/group.rs` bounds it at 1e-6). Only the rounding differs: this path with
+        // smaller LM-head chunks gives 1.4e-6 too. It can return once the micro-batch and
+        // cross-rank sums no longer depend on their order (issue 17).
         let logprobs = model.token_logprobs_selected(&ids, Some(&seg), &selected)?;
         let nll = (logprobs.sum_all()?.neg()? / norm)?;
         loss_sum += f64::from(nll.to_scalar::<f32>()?);
