@@ -113,34 +113,22 @@ mod pool {
         (r == sys::CUresult::CUDA_SUCCESS && !pool.is_null()).then_some(pool)
     }
 
-    pub(super) fn used_high(dev: &CudaDevice) -> Option<u64> {
+    /// The pool's high-water mark of memory handed out, read, or with `reset` set back to what
+    /// is in use now.
+    pub(super) fn used_high(dev: &CudaDevice, reset: bool) -> Option<u64> {
         let pool = default_pool(dev)?;
+        let attr = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH;
         let mut value: u64 = 0;
-        // SAFETY: USED_MEM_HIGH is a cuuint64_t attribute; `value` is one.
+        let ptr = &mut value as *mut u64 as *mut std::ffi::c_void;
+        // SAFETY: USED_MEM_HIGH is a cuuint64_t attribute and `value` is one; a reset takes 0.
         let r = unsafe {
-            sys::cuMemPoolGetAttribute(
-                pool,
-                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
-                &mut value as *mut u64 as *mut std::ffi::c_void,
-            )
+            if reset {
+                sys::cuMemPoolSetAttribute(pool, attr, ptr)
+            } else {
+                sys::cuMemPoolGetAttribute(pool, attr, ptr)
+            }
         };
         (r == sys::CUresult::CUDA_SUCCESS).then_some(value)
-    }
-
-    pub(super) fn reset_used_high(dev: &CudaDevice) -> bool {
-        let Some(pool) = default_pool(dev) else {
-            return false;
-        };
-        let mut zero: u64 = 0;
-        // SAFETY: resetting a high-water mark takes a cuuint64_t zero.
-        let r = unsafe {
-            sys::cuMemPoolSetAttribute(
-                pool,
-                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
-                &mut zero as *mut u64 as *mut std::ffi::c_void,
-            )
-        };
-        r == sys::CUresult::CUDA_SUCCESS
     }
 }
 
@@ -152,7 +140,7 @@ pub fn device_peak_mb(device: &Device) -> Option<f64> {
         #[cfg(feature = "cuda")]
         Device::Cuda(dev) => {
             device.synchronize().ok()?;
-            pool::used_high(dev).map(|b| b as f64 / (1024.0 * 1024.0))
+            pool::used_high(dev, false).map(|b| b as f64 / (1024.0 * 1024.0))
         }
         #[allow(unreachable_patterns)]
         _ => None,
@@ -164,7 +152,7 @@ pub fn reset_device_peak_mb(device: &Device) -> bool {
     match device {
         Device::Cpu => false,
         #[cfg(feature = "cuda")]
-        Device::Cuda(dev) => device.synchronize().is_ok() && pool::reset_used_high(dev),
+        Device::Cuda(dev) => device.synchronize().is_ok() && pool::used_high(dev, true).is_some(),
         #[allow(unreachable_patterns)]
         _ => false,
     }

@@ -7,7 +7,10 @@
 //! - [`rotary_heads_first`]: rotary embeddings while moving the heads first (unfused: a
 //!   transposing copy and 8 ops forward, about as many in backward);
 //! - [`row_logprobs`] / [`logprob_grad`]: the log-softmax gather of one chunk of LM-head logits
-//!   and its gradient (unfused: 6 and 7 passes over the `rows × vocab` chunk).
+//!   and its gradient (unfused: 6 and 7 passes over the `rows × vocab` chunk);
+//! - [`gemm_product`] (and [`tile_product`], on the calling thread): matrix products into a
+//!   destination slice through the `gemm` crate, for the fused attention's tiles and
+//!   [`add_transposed_product`].
 //!
 //! f32 on the CPU only: callers check [`applies`] and keep the unfused path elsewhere (bf16,
 //! CUDA), which is also the reference these are tested against (the tests below: values and
@@ -536,6 +539,84 @@ impl CustomOp1 for LogprobGrad<'_> {
     }
 }
 
+/// `dst (m, n) = [dst +] alpha · lhs (m, k) · rhs (k, n)` for row-major `dst`, with `lhs` and
+/// `rhs` given by their (column, row) strides (the `gemm` crate, which candle's matmul uses),
+/// with `parallelism`.
+///
+/// # Safety
+/// `lhs` and `rhs` must hold every element their shapes and strides reach, and `dst` `m · n`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(crate) unsafe fn gemm_product(
+    dst: &mut [f32],
+    (m, n): (usize, usize),
+    accumulate: bool,
+    lhs: &[f32],
+    (lhs_cs, lhs_rs): (usize, usize),
+    rhs: &[f32],
+    (rhs_cs, rhs_rs): (usize, usize),
+    k: usize,
+    alpha: f32,
+    parallelism: gemm::Parallelism,
+) {
+    debug_assert!(dst.len() >= m * n);
+    gemm::gemm(
+        m,
+        n,
+        k,
+        dst.as_mut_ptr(),
+        1,
+        n as isize,
+        accumulate,
+        lhs.as_ptr(),
+        lhs_cs as isize,
+        lhs_rs as isize,
+        rhs.as_ptr(),
+        rhs_cs as isize,
+        rhs_rs as isize,
+        1.0,
+        alpha,
+        false,
+        false,
+        false,
+        parallelism,
+    );
+}
+
+/// [`gemm_product`] on the calling thread (the fused attention's tiles).
+///
+/// # Safety
+/// As [`gemm_product`].
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(crate) unsafe fn tile_product(
+    dst: &mut [f32],
+    dims: (usize, usize),
+    accumulate: bool,
+    lhs: &[f32],
+    lhs_strides: (usize, usize),
+    rhs: &[f32],
+    rhs_strides: (usize, usize),
+    k: usize,
+    alpha: f32,
+) {
+    // SAFETY: the caller's guarantees are gemm_product's.
+    unsafe {
+        gemm_product(
+            dst,
+            dims,
+            accumulate,
+            lhs,
+            lhs_strides,
+            rhs,
+            rhs_strides,
+            k,
+            alpha,
+            gemm::Parallelism::None,
+        )
+    }
+}
+
 /// `dst (m, n) [+]= lhsᵀ · rhs` for f32 CPU tensors `lhs` `(k, m)` and `rhs` `(k, n)` and a
 /// row-major `dst`: the LM head weight's gradient summed over row chunks in one buffer, with no
 /// `(m, n)` temporary per chunk. `accumulate = false` overwrites `dst`. Parallel over candle's
@@ -580,25 +661,16 @@ pub(crate) fn add_transposed_product(
     // `b` the (k, n) matrix (column stride 1, row stride n), `dst` m · n elements; all checked
     // above.
     unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            1,
-            n as isize,
+        gemm_product(
+            dst,
+            (m, n),
             accumulate,
-            a.as_ptr(),
-            m as isize,
-            1,
-            b.as_ptr(),
-            1,
-            n as isize,
+            a,
+            (m, 1),
+            b,
+            (1, n),
+            k,
             1.0,
-            1.0,
-            false,
-            false,
-            false,
             parallelism,
         );
     }
@@ -671,6 +743,52 @@ mod tests {
             let (x, y) = (gf.get(v).unwrap(), gu.get(v).unwrap());
             assert_eq!(x.dims(), y.dims());
             assert!(max_rel(x, y) < tol, "gradients differ: {}", max_rel(x, y));
+        }
+    }
+
+    #[test]
+    fn tile_products_follow_their_strides() {
+        // dst (m, n) [+]= alpha · A · B with A given as (m, k) rows or as the transpose of a
+        // (k, m) buffer, B as (k, n) rows or as the transpose of (n, k), against a naive sum.
+        for (m, n, k) in [
+            (1usize, 1usize, 1usize),
+            (7, 5, 3),
+            (64, 128, 128),
+            (33, 64, 17),
+        ] {
+            let a: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 - 3.0).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| (i % 5) as f32 * 0.5 - 1.0).collect();
+            let at = |r: usize, c: usize| a[r * k + c];
+            let bt = |r: usize, c: usize| b[r * n + c];
+            let want = |acc: f32, r: usize, c: usize| {
+                acc + 0.5 * (0..k).map(|x| at(r, x) * bt(x, c)).sum::<f32>()
+            };
+            // A as rows, B as rows, accumulating onto 1.0.
+            let mut dst = vec![1f32; m * n];
+            // SAFETY: `a` (m, k), `b` (k, n), `dst` (m, n).
+            unsafe { tile_product(&mut dst, (m, n), true, &a, (1, k), &b, (1, n), k, 0.5) };
+            for r in 0..m {
+                for c in 0..n {
+                    assert!(
+                        (dst[r * n + c] - want(1.0, r, c)).abs() < 1e-3,
+                        "{m}x{n}x{k}"
+                    );
+                }
+            }
+            // The same product from transposed buffers, overwriting.
+            let a_t: Vec<f32> = (0..k * m).map(|i| at(i % m, i / m)).collect();
+            let b_t: Vec<f32> = (0..n * k).map(|i| bt(i % k, i / k)).collect();
+            let mut dst = vec![9f32; m * n];
+            // SAFETY: `a_t` (k, m), `b_t` (n, k), `dst` (m, n).
+            unsafe { tile_product(&mut dst, (m, n), false, &a_t, (m, 1), &b_t, (k, 1), k, 0.5) };
+            for r in 0..m {
+                for c in 0..n {
+                    assert!(
+                        (dst[r * n + c] - want(0.0, r, c)).abs() < 1e-3,
+                        "{m}x{n}x{k} (t)"
+                    );
+                }
+            }
         }
     }
 

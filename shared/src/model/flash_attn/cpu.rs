@@ -21,6 +21,7 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 
 use super::OUTSIDE;
+use crate::model::fused::tile_product;
 
 /// Queries per forward task and per backward query tile.
 pub(crate) const BLOCK_Q: usize = 64;
@@ -147,49 +148,6 @@ fn fast_exp<const FMA: bool>(x: f32) -> f32 {
     // 2^n by building the exponent bits; n is in [-126, 128] after the clamp.
     let two_n = f32::from_bits(((n as i32 + 127).clamp(1, 254) as u32) << 23);
     y * two_n
-}
-
-/// `dst (m, n) = [dst +] alpha · lhs (m, k) · rhs (k, n)` for row-major `dst`, with `lhs` and
-/// `rhs` given by their (column, row) strides, on the calling thread (the `gemm` crate, which
-/// candle's matmul uses).
-///
-/// # Safety
-/// `lhs` and `rhs` must hold every element their shapes and strides reach, and `dst` `m · n`.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-unsafe fn tile_product(
-    dst: &mut [f32],
-    (m, n): (usize, usize),
-    accumulate: bool,
-    lhs: &[f32],
-    (lhs_cs, lhs_rs): (usize, usize),
-    rhs: &[f32],
-    (rhs_cs, rhs_rs): (usize, usize),
-    k: usize,
-    alpha: f32,
-) {
-    debug_assert!(dst.len() >= m * n);
-    gemm::gemm(
-        m,
-        n,
-        k,
-        dst.as_mut_ptr(),
-        1,
-        n as isize,
-        accumulate,
-        lhs.as_ptr(),
-        lhs_cs as isize,
-        lhs_rs as isize,
-        rhs.as_ptr(),
-        rhs_cs as isize,
-        rhs_rs as isize,
-        1.0,
-        alpha,
-        false,
-        false,
-        false,
-        gemm::Parallelism::None,
-    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -671,51 +629,5 @@ mod tests {
         assert!(worst < 3e-7, "worst relative error {worst}");
         assert_eq!(fast_exp::<false>(0.0), 1.0);
         assert!(fast_exp::<false>(f32::NEG_INFINITY) < 1e-37);
-    }
-
-    #[test]
-    fn tile_products_follow_their_strides() {
-        // dst (m, n) [+]= alpha · A · B with A given as (m, k) rows or as the transpose of a
-        // (k, m) buffer, B as (k, n) rows or as the transpose of (n, k), against a naive sum.
-        for (m, n, k) in [
-            (1usize, 1usize, 1usize),
-            (7, 5, 3),
-            (64, 128, 128),
-            (33, 64, 17),
-        ] {
-            let a: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 - 3.0).collect();
-            let b: Vec<f32> = (0..k * n).map(|i| (i % 5) as f32 * 0.5 - 1.0).collect();
-            let at = |r: usize, c: usize| a[r * k + c];
-            let bt = |r: usize, c: usize| b[r * n + c];
-            let want = |acc: f32, r: usize, c: usize| {
-                acc + 0.5 * (0..k).map(|x| at(r, x) * bt(x, c)).sum::<f32>()
-            };
-            // A as rows, B as rows, accumulating onto 1.0.
-            let mut dst = vec![1f32; m * n];
-            // SAFETY: `a` (m, k), `b` (k, n), `dst` (m, n).
-            unsafe { tile_product(&mut dst, (m, n), true, &a, (1, k), &b, (1, n), k, 0.5) };
-            for r in 0..m {
-                for c in 0..n {
-                    assert!(
-                        (dst[r * n + c] - want(1.0, r, c)).abs() < 1e-3,
-                        "{m}x{n}x{k}"
-                    );
-                }
-            }
-            // The same product from transposed buffers, overwriting.
-            let a_t: Vec<f32> = (0..k * m).map(|i| at(i % m, i / m)).collect();
-            let b_t: Vec<f32> = (0..n * k).map(|i| bt(i % k, i / k)).collect();
-            let mut dst = vec![9f32; m * n];
-            // SAFETY: `a_t` (k, m), `b_t` (n, k), `dst` (m, n).
-            unsafe { tile_product(&mut dst, (m, n), false, &a_t, (m, 1), &b_t, (k, 1), k, 0.5) };
-            for r in 0..m {
-                for c in 0..n {
-                    assert!(
-                        (dst[r * n + c] - want(0.0, r, c)).abs() < 1e-3,
-                        "{m}x{n}x{k} (t)"
-                    );
-                }
-            }
-        }
     }
 }
