@@ -117,7 +117,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut worst = 0f64;
     for name in full.names() {
         let (a, b) = (full.grad(name).unwrap(), sel.grad(name).unwrap());
-        let diff = (a - b)?
+        let diff = (&a - &b)?
             .abs()?
             .max_all()?
             .to_dtype(DType::F64)?

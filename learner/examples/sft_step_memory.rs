@@ -14,13 +14,18 @@
 //! `peak_fwd_bwd_mb` (peak RSS of the forward + backward), `peak_step_mb` (of the optimizer
 //! update), both since a reset of the kernel's high-water mark, and the wall times. A 16-token
 //! warm-up step runs first, so that the measured step starts from the steady state (weights and
-//! AdamW moments resident, no gradients).
+//! AdamW moments resident, no gradients). The gradients are summed in f32
+//! (`learner.grad_accum = "f32"`): the first micro-batch's sum is then the gradients themselves,
+//! so the fixed state is exactly 16 bytes per parameter and the rest of the peak is activations.
+//! (The learner's default f64 sum adds 8 bytes per parameter once backward has finished and the
+//! activations are gone; `cascade plan` counts it.)
 
 use std::time::Instant;
 
 use candle_core::{DType, Device};
 use cascade_learner::optim::{AdamW, AdamWConfig};
 use cascade_learner::sft::{accumulate_sft_gradients, PackedRow};
+use cascade_shared::config::GradAccum;
 use cascade_shared::metrics::{rss_mb, StepMemory};
 use cascade_shared::model::{random_weights, trainable_from_tensors, ModelConfig};
 
@@ -62,7 +67,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     assert_eq!(model.dtype(), DType::F32);
     let mut opt = AdamW::new(
         vars.vars.clone().into_iter().collect(),
-        AdamWConfig::default(),
+        AdamWConfig {
+            grad_accum: GradAccum::F32,
+            ..AdamWConfig::default()
+        },
     )?;
     // One conversation: a 10% prompt, the rest trained.
     let row = |tokens: usize| {

@@ -10,7 +10,8 @@
 //! p ← p − (lr / (1 − β1^k)) · m / (√v / √(1 − β2^k) + eps)
 //! ```
 //!
-//! Gradients are first summed over micro-batches ([`AdamW::accumulate`]), then, if
+//! Gradients are first summed over micro-batches ([`AdamW::accumulate`]; in f64 by default,
+//! [`AdamWConfig::grad_accum`], then rounded once to f32), then, if
 //! `max_grad_norm` is set, scaled by `min(1, max_norm / (‖g‖₂ + 1e-6))` as
 //! `torch.nn.utils.clip_grad_norm_` does. As in torch, `k` counts per parameter. The master copy, `m` and `v` are f32 whatever the
 //! model's dtype; after the update the master is cast back into the model's `Var`.
@@ -25,6 +26,7 @@ use candle_nn::VarMap;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{LearnerError, Result};
+use cascade_shared::config::GradAccum;
 use cascade_shared::snapshot::durable::FileDigest;
 use cascade_shared::snapshot::tensors::{
     read_safetensors, read_safetensors_metadata, write_safetensors,
@@ -49,6 +51,9 @@ pub struct AdamWConfig {
     pub max_grad_norm: Option<f64>,
     /// Stop with an error after this many consecutive skipped (NaN/inf) steps.
     pub max_consecutive_skips: u32,
+    /// Precision of the gradient sum over micro-batches (and ranks): f64 makes the step
+    /// independent of the order of the additions.
+    pub grad_accum: GradAccum,
 }
 
 impl Default for AdamWConfig {
@@ -60,6 +65,7 @@ impl Default for AdamWConfig {
             weight_decay: 0.01,
             max_grad_norm: Some(1.0),
             max_consecutive_skips: 5,
+            grad_accum: GradAccum::F64,
         }
     }
 }
@@ -241,8 +247,9 @@ impl AdamW {
 
     /// Adds one micro-batch's gradients to the running sum.
     pub fn accumulate(&mut self, grads: &GradStore) -> Result<()> {
+        let dtype = accum_dtype(self.cfg.grad_accum);
         for p in &mut self.params {
-            add_gradient(&mut p.grad, grads, &p.var)?;
+            add_gradient(&mut p.grad, grads, &p.var, dtype)?;
         }
         Ok(())
     }
@@ -254,22 +261,26 @@ impl AdamW {
         }
     }
 
-    /// The accumulated gradient of `name`, if any (for tests and diagnostics).
-    pub fn grad(&self, name: &str) -> Option<&Tensor> {
+    /// The accumulated gradient of `name` as the step uses it, rounded to f32, if any (for tests
+    /// and diagnostics).
+    pub fn grad(&self, name: &str) -> Option<Tensor> {
         self.params
             .iter()
             .find(|p| p.name == name)
             .and_then(|p| p.grad.as_ref())
+            .and_then(|g| g.to_dtype(DType::F32).ok())
     }
 
-    /// Global L2 norm of the accumulated gradients.
+    /// Global L2 norm of the accumulated gradients, as the step sees them (rounded to f32),
+    /// with the squares summed in f64.
     pub fn grad_norm(&self) -> Result<f64> {
         let mut sq = 0f64;
         for g in self.params.iter().filter_map(|p| p.grad.as_ref()) {
             sq += g
+                .to_dtype(DType::F32)?
+                .to_dtype(DType::F64)?
                 .sqr()?
                 .sum_all()?
-                .to_dtype(DType::F64)?
                 .to_scalar::<f64>()?;
         }
         Ok(sq.sqrt())
@@ -300,6 +311,7 @@ impl AdamW {
         let decay = 1.0 - lr * self.cfg.weight_decay;
         for p in &mut self.params {
             let Some(grad) = p.grad.take() else { continue };
+            let grad = grad.to_dtype(DType::F32)?;
             p.steps += 1;
             let k = p.steps as i32;
             let step_size = lr / (1.0 - b1.powi(k));
@@ -438,9 +450,23 @@ impl OptimizerState for AdamW {
 }
 
 /// Adds `var`'s gradient in `grads` (as f32) to the running sum in `slot`.
-pub(crate) fn add_gradient(slot: &mut Option<Tensor>, grads: &GradStore, var: &Var) -> Result<()> {
+/// The dtype of the gradient sums for `accum`.
+pub(crate) fn accum_dtype(accum: GradAccum) -> DType {
+    match accum {
+        GradAccum::F32 => DType::F32,
+        GradAccum::F64 => DType::F64,
+    }
+}
+
+/// Adds `var`'s gradient in `grads` (if any) to the running sum in `slot`, in `dtype`.
+pub(crate) fn add_gradient(
+    slot: &mut Option<Tensor>,
+    grads: &GradStore,
+    var: &Var,
+    dtype: DType,
+) -> Result<()> {
     if let Some(g) = grads.get(var.as_tensor()) {
-        let g = g.to_dtype(DType::F32)?;
+        let g = g.to_dtype(dtype)?;
         *slot = Some(match slot.take() {
             None => g,
             Some(sum) => (sum + g)?,

@@ -339,16 +339,17 @@ pub fn accumulate_sft_gradients_part(
         let ids = Tensor::from_vec(ids, (n, width), device)?;
         let seg = Tensor::from_vec(seg, (n, width), device)?;
         let selected = Tensor::new(selected.as_slice(), device)?;
-        // Not yet `token_logprob_sum_selected` (the LM head's gradients computed in the forward,
-        // faster on the CPU): with it, 2 learner ranks end 10 SFT steps 1.5e-6 from 1 rank
-        // (`learner/tests/group.rs` bounds it at 1e-6). Only the rounding differs: this path with
-        // smaller LM-head chunks gives 1.4e-6 too. It can return once the micro-batch and
-        // cross-rank sums no longer depend on their order (issue 17).
-        let logprobs = model.token_logprobs_selected(&ids, Some(&seg), &selected)?;
-        let nll = (logprobs.sum_all()?.neg()? / norm)?;
+        // The summed log-probs with the LM head's gradients computed in the forward's pass over
+        // each chunk of logits (on the CPU in f32; elsewhere the chunked log-probs, summed).
+        let nll = (model
+            .token_logprob_sum_selected(&ids, Some(&seg), &selected)?
+            .neg()?
+            / norm)?;
         loss_sum += f64::from(nll.to_scalar::<f32>()?);
         let weighted = if scale == 1.0 { nll } else { (nll * scale)? };
         let grads = weighted.backward()?;
+        // The graph (every activation backward kept) goes before the gradients are added.
+        drop(weighted);
         optimizer.accumulate(&grads)?;
     }
     Ok(SftStats {

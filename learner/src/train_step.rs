@@ -113,8 +113,10 @@ where
             batch.normaliser(),
         )?;
         let grads = out.loss.backward()?;
-        optimizer.accumulate(&grads)?;
         total.add(&out.stats);
+        // The graph (every activation backward kept) goes before the gradients are added.
+        drop((out, logprobs, ref_logprobs));
+        optimizer.accumulate(&grads)?;
     }
     Ok(total)
 }

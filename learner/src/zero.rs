@@ -7,8 +7,10 @@
 //!
 //! 1. each micro-batch's gradients are flattened and **reduce-scattered** as soon as backward
 //!    has produced them ([`ShardedAdamW::flush`], through a [`GroupSink`]): each rank adds the
-//!    sum over ranks of its shard to an f32 shard accumulator, so no rank holds a full f32
-//!    gradient sum (ZeRO-2);
+//!    sum over ranks of its shard to a shard accumulator, so no rank holds a full gradient sum
+//!    (ZeRO-2). The sums are f64 by default ([`AdamWConfig::grad_accum`]): f32 gradients added
+//!    in f64 are exact in practice, so the step's gradient is the same bits however the
+//!    micro-batches are spread over the ranks, and the same as a single process's;
 //! 2. the squared norm of each shard is **all-reduced** (with the per-parameter "received a
 //!    gradient" flags): every rank has the global norm, so clipping and the NaN/inf guard decide
 //!    the same on every rank without a host read per tensor;
@@ -35,11 +37,12 @@ use std::path::{Path, PathBuf};
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var};
 use cascade_shared::collective::{shard_range, Collective};
+use cascade_shared::config::GradAccum;
 
 use crate::error::{LearnerError, Result};
 use crate::optim::{
-    add_gradient, guard_step, AdamWConfig, Counters, GradientSink, OptimizerFile, OptimizerImage,
-    SavedMeta, StepOutcome,
+    accum_dtype, add_gradient, guard_step, AdamWConfig, Counters, GradientSink, OptimizerFile,
+    OptimizerImage, SavedMeta, StepOutcome,
 };
 use cascade_shared::snapshot::durable::FileDigest;
 use cascade_shared::snapshot::tensors::write_safetensors;
@@ -76,10 +79,26 @@ pub struct ShardedAdamW {
     exp_avg_sq: Vec<f32>,
     /// The group's gradient summed so far this step, this rank's shard of it (ZeRO-2: each
     /// micro-batch's gradients are reduce-scattered by [`ShardedAdamW::flush`]).
-    grad_shard: Option<Vec<f32>>,
+    grad_shard: Option<ShardSum>,
     /// Which parameters received a gradient this step on this rank.
     got: Vec<bool>,
     counters: Counters,
+}
+
+/// A shard of the step's gradient sum, in [`AdamWConfig::grad_accum`]'s precision.
+enum ShardSum {
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+}
+
+impl ShardSum {
+    /// The sum as the update uses it: rounded once to f32.
+    fn into_f32(self) -> Vec<f32> {
+        match self {
+            ShardSum::F32(v) => v,
+            ShardSum::F64(v) => v.into_iter().map(|x| x as f32).collect(),
+        }
+    }
 }
 
 /// The overlap of `a` and `b` (empty when they do not meet).
@@ -89,6 +108,10 @@ fn overlap(a: &Range<usize>, b: &Range<usize>) -> Range<usize> {
 
 fn flat_f32(t: &Tensor) -> Result<Vec<f32>> {
     Ok(t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?)
+}
+
+fn flat_f64(t: &Tensor) -> Result<Vec<f64>> {
+    Ok(t.flatten_all()?.to_dtype(DType::F64)?.to_vec1::<f64>()?)
 }
 
 impl ShardedAdamW {
@@ -175,8 +198,9 @@ impl ShardedAdamW {
 
     /// Adds one micro-batch's gradients to this rank's running sum.
     pub fn accumulate(&mut self, grads: &GradStore) -> Result<()> {
+        let dtype = accum_dtype(self.cfg.grad_accum);
         for p in &mut self.params {
-            add_gradient(&mut p.grad, grads, &p.var)?;
+            add_gradient(&mut p.grad, grads, &p.var, dtype)?;
         }
         Ok(())
     }
@@ -196,20 +220,48 @@ impl ShardedAdamW {
     /// Every rank must call it the same number of times per step (see [`GroupSink`]).
     pub fn flush(&mut self, group: &mut dyn Collective) -> Result<()> {
         self.check_group(group)?;
-        let mut flat = vec![0f32; self.total];
-        for (i, p) in self.params.iter_mut().enumerate() {
-            if let Some(g) = p.grad.take() {
-                flat[p.range()].copy_from_slice(&flat_f32(&g)?);
-                self.got[i] = true;
+        let part = match self.cfg.grad_accum {
+            GradAccum::F32 => {
+                let mut flat = vec![0f32; self.total];
+                for (i, p) in self.params.iter_mut().enumerate() {
+                    if let Some(g) = p.grad.take() {
+                        flat[p.range()].copy_from_slice(&flat_f32(&g)?);
+                        self.got[i] = true;
+                    }
+                }
+                let mut part = vec![0f32; self.shard.len()];
+                group.reduce_scatter_sum(&flat, &mut part)?;
+                ShardSum::F32(part)
             }
-        }
-        let mut part = vec![0f32; self.shard.len()];
-        group.reduce_scatter_sum(&flat, &mut part)?;
-        drop(flat);
-        match &mut self.grad_shard {
-            None => self.grad_shard = Some(part),
-            Some(acc) => acc.iter_mut().zip(&part).for_each(|(a, b)| *a += b),
-        }
+            GradAccum::F64 => {
+                let mut flat = vec![0f64; self.total];
+                for (i, p) in self.params.iter_mut().enumerate() {
+                    if let Some(g) = p.grad.take() {
+                        flat[p.range()].copy_from_slice(&flat_f64(&g)?);
+                        self.got[i] = true;
+                    }
+                }
+                let mut part = vec![0f64; self.shard.len()];
+                group.reduce_scatter_sum_f64(&flat, &mut part)?;
+                ShardSum::F64(part)
+            }
+        };
+        self.grad_shard = Some(match (self.grad_shard.take(), part) {
+            (None, part) => part,
+            (Some(ShardSum::F32(mut acc)), ShardSum::F32(part)) => {
+                acc.iter_mut().zip(&part).for_each(|(a, b)| *a += b);
+                ShardSum::F32(acc)
+            }
+            (Some(ShardSum::F64(mut acc)), ShardSum::F64(part)) => {
+                acc.iter_mut().zip(&part).for_each(|(a, b)| *a += b);
+                ShardSum::F64(acc)
+            }
+            _ => {
+                return Err(LearnerError::InvalidCall(
+                    "grad_accum changed in the middle of a step".into(),
+                ))
+            }
+        });
         Ok(())
     }
 
@@ -223,20 +275,24 @@ impl ShardedAdamW {
         // accumulated here (every rank flushes once more, so the counts match); and which
         // parameters received a gradient on any rank.
         self.flush(group)?;
-        let shard_grad = self.grad_shard.take().unwrap_or_default();
-        let mut reduced = vec![0f32; self.params.len() + 1];
+        let shard_grad = self
+            .grad_shard
+            .take()
+            .map(ShardSum::into_f32)
+            .unwrap_or_default();
+        let mut reduced = vec![0f64; self.params.len() + 1];
         for (i, got) in self.got.iter_mut().enumerate() {
-            reduced[i] = f32::from(u8::from(*got));
+            reduced[i] = f64::from(u8::from(*got));
             *got = false;
         }
-        // 2. Global squared norm (rank-order sum of the shards' f64 sums, carried in f32).
+        // 2. Global squared norm of the f32 gradient (rank-order sum of the shards' f64 sums).
         let sq: f64 = shard_grad
             .iter()
             .map(|&g| f64::from(g) * f64::from(g))
             .sum();
-        reduced[self.params.len()] = sq as f32;
-        group.all_reduce_sum(&mut reduced)?;
-        let grad_norm = f64::from(reduced[self.params.len()]).sqrt();
+        reduced[self.params.len()] = sq;
+        group.all_reduce_sum_f64(&mut reduced)?;
+        let grad_norm = reduced[self.params.len()].sqrt();
         if let Some(outcome) = guard_step(&self.cfg, &mut self.counters, loss, grad_norm)? {
             return Ok(outcome);
         }

@@ -36,6 +36,7 @@ fn adamw_matches_torch() -> Result<()> {
             weight_decay: s.weight_decay,
             max_grad_norm: Some(s.max_grad_norm),
             max_consecutive_skips: 3,
+            ..AdamWConfig::default()
         },
     )?;
     for (k, lr) in s.lrs.iter().enumerate() {

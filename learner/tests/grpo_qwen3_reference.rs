@@ -58,7 +58,7 @@ fn qwen3_grpo_gradients_match_transformers() -> Result<()> {
             let got = opt
                 .grad(param)
                 .with_context(|| format!("{name}: no gradient for {param}"))?;
-            let diff = max_abs_diff(got, want)?;
+            let diff = max_abs_diff(&got, want)?;
             assert!(
                 diff < 1e-4,
                 "{name}: {param} differs from transformers by {diff}"

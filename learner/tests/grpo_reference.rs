@@ -73,7 +73,7 @@ fn grpo_gradients_match_pytorch_reference() -> Result<()> {
                     .grad(param)
                     .with_context(|| format!("no grad for {param}"))?;
                 let want = &expected[&format!("grad.{param}")];
-                let diff = max_abs_diff(got, want)?;
+                let diff = max_abs_diff(&got, want)?;
                 assert!(
                     diff < 1e-4,
                     "{name} micro {micro_batch}: {param} differs from PyTorch by {diff}"

@@ -85,6 +85,7 @@ fn optimizer(params: &Params) -> AdamW {
             weight_decay: 0.0,
             max_grad_norm: Some(1.0),
             max_consecutive_skips: 3,
+            ..AdamWConfig::default()
         },
     )
     .unwrap()

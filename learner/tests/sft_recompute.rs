@@ -95,7 +95,10 @@ fn sft_gradients_equal_the_plain_loss() -> Result<()> {
         )?;
         accumulate_sft_gradients(&m, &rows(), 2, &mut opt, &Device::Cpu)?;
         for ((name, _), want) in params.vars.iter().zip(&want) {
-            let got = opt.grad(name).expect("every parameter has a gradient");
+            let got = opt
+                .grad(name)
+                .expect("every parameter has a gradient")
+                .to_dtype(DType::F32)?;
             let diff = (got - want.to_dtype(DType::F32)?)?
                 .abs()?
                 .flatten_all()?

@@ -49,7 +49,7 @@ fn main() -> anyhow::Result<()> {
     let mut best = f64::MAX;
     for i in 0..runs {
         let t = Instant::now();
-        let loss = model.token_logprobs(&input, None)?.sum_all()?;
+        let loss = model.token_logprob_sum(&input, None)?;
         let grads = loss.backward()?;
         std::hint::black_box(grads);
         if i > 0 {

@@ -95,9 +95,15 @@ pub trait Collective: Send {
     fn world_size(&self) -> usize;
     /// Every rank's `buf` becomes the element-wise sum over ranks.
     fn all_reduce_sum(&mut self, buf: &mut [f32]) -> Result<()>;
+    /// [`Collective::all_reduce_sum`] in f64.
+    fn all_reduce_sum_f64(&mut self, buf: &mut [f64]) -> Result<()>;
     /// `out` (this rank's [`shard_range`] of `input`'s length) becomes the element-wise sum over
     /// ranks of that shard of `input`.
     fn reduce_scatter_sum(&mut self, input: &[f32], out: &mut [f32]) -> Result<()>;
+    /// [`Collective::reduce_scatter_sum`] in f64: the learner's exact gradient sums (f32
+    /// gradients added in f64 are exact in practice, so the sum does not depend on how the
+    /// micro-batches are spread over the ranks; NCCL: `ncclFloat64`).
+    fn reduce_scatter_sum_f64(&mut self, input: &[f64], out: &mut [f64]) -> Result<()>;
     /// `out` becomes every rank's `shard` concatenated in rank order; `shard` must be this
     /// rank's [`shard_range`] of `out`'s length.
     fn all_gather(&mut self, shard: &[f32], out: &mut [f32]) -> Result<()>;
@@ -122,6 +128,14 @@ impl Collective for Single {
         Ok(())
     }
     fn reduce_scatter_sum(&mut self, input: &[f32], out: &mut [f32]) -> Result<()> {
+        check_len(0, "reduce_scatter", out.len(), input.len())?;
+        out.copy_from_slice(input);
+        Ok(())
+    }
+    fn all_reduce_sum_f64(&mut self, _buf: &mut [f64]) -> Result<()> {
+        Ok(())
+    }
+    fn reduce_scatter_sum_f64(&mut self, input: &[f64], out: &mut [f64]) -> Result<()> {
         check_len(0, "reduce_scatter", out.len(), input.len())?;
         out.copy_from_slice(input);
         Ok(())
@@ -166,9 +180,29 @@ enum Op {
     AllGather = 3,
     Broadcast = 4,
     Barrier = 5,
+    AllReduceF64 = 6,
+    ReduceScatterF64 = 7,
 }
 
 impl Op {
+    const ALL: [Op; 7] = [
+        Op::AllReduce,
+        Op::ReduceScatter,
+        Op::AllGather,
+        Op::Broadcast,
+        Op::Barrier,
+        Op::AllReduceF64,
+        Op::ReduceScatterF64,
+    ];
+
+    /// The name of the operation tagged `tag` on the wire.
+    fn name_of(tag: u8) -> String {
+        match Op::ALL.iter().find(|op| **op as u8 == tag) {
+            Some(op) => op.name().into(),
+            None => format!("unknown operation {tag}"),
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Op::AllReduce => "all_reduce",
@@ -176,6 +210,8 @@ impl Op {
             Op::AllGather => "all_gather",
             Op::Broadcast => "broadcast",
             Op::Barrier => "barrier",
+            Op::AllReduceF64 => "all_reduce (f64)",
+            Op::ReduceScatterF64 => "reduce_scatter (f64)",
         }
     }
 }
@@ -409,8 +445,8 @@ impl TcpGroup {
             return Err(desync(
                 rank,
                 format!(
-                    "{peer} sent operation {} #{seq} where {} #{} was expected (the ranks call collectives in different orders)",
-                    header[0],
+                    "{peer} sent {} #{seq} where {} #{} was expected (the ranks call collectives in different orders)",
+                    Op::name_of(header[0]),
                     op.name(),
                     self.seq
                 ),
@@ -436,7 +472,7 @@ impl TcpGroup {
     /// Rank 0: the sum of every rank's `mine`, added in rank order, one rank's buffer received
     /// at a time (rank 0 holds the sum and one payload, not every rank's). Others: send
     /// theirs, `None`.
-    fn sum_at_root(&mut self, op: Op, mine: &[f32]) -> Result<Option<Vec<f32>>> {
+    fn sum_at_root<T: Elem>(&mut self, op: Op, mine: &[T]) -> Result<Option<Vec<T>>> {
         if self.rank != 0 {
             self.send(0, op, &to_bytes(mine))?;
             return Ok(None);
@@ -480,44 +516,72 @@ fn classify(
     }
 }
 
-fn to_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+/// An element type the reductions add: f32 or f64, little-endian on the wire.
+trait Elem: Copy + std::ops::AddAssign {
+    const SIZE: usize;
+    const NAME: &'static str;
+    fn put(self, out: &mut Vec<u8>);
+    fn get(bytes: &[u8]) -> Self;
 }
 
-fn from_bytes(rank: usize, op: &str, bytes: &[u8], out: &mut [f32]) -> Result<()> {
-    check_len(rank, op, bytes.len() / 4, out.len())?;
-    if !bytes.chunks_exact(4).remainder().is_empty() {
+impl Elem for f32 {
+    const SIZE: usize = 4;
+    const NAME: &'static str = "f32";
+    fn put(self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.to_le_bytes());
+    }
+    fn get(bytes: &[u8]) -> Self {
+        f32::from_le_bytes(bytes.try_into().unwrap())
+    }
+}
+
+impl Elem for f64 {
+    const SIZE: usize = 8;
+    const NAME: &'static str = "f64";
+    fn put(self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.to_le_bytes());
+    }
+    fn get(bytes: &[u8]) -> Self {
+        f64::from_le_bytes(bytes.try_into().unwrap())
+    }
+}
+
+fn to_bytes<T: Elem>(v: &[T]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(v.len() * T::SIZE);
+    v.iter().for_each(|x| x.put(&mut out));
+    out
+}
+
+/// Checks that `bytes` holds `want` elements of `T`.
+fn check_bytes<T: Elem>(rank: usize, op: &str, bytes: &[u8], want: usize) -> Result<()> {
+    if bytes.len() % T::SIZE != 0 {
         return Err(desync(
             rank,
-            format!("{op}: {} bytes is not f32s", bytes.len()),
+            format!("{op}: {} bytes is not {}s", bytes.len(), T::NAME),
         ));
     }
-    for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
-        *o = f32::from_le_bytes(c.try_into().unwrap());
+    check_len(rank, op, bytes.len() / T::SIZE, want)
+}
+
+fn from_bytes<T: Elem>(rank: usize, op: &str, bytes: &[u8], out: &mut [T]) -> Result<()> {
+    check_bytes::<T>(rank, op, bytes, out.len())?;
+    for (o, c) in out.iter_mut().zip(bytes.chunks_exact(T::SIZE)) {
+        *o = T::get(c);
     }
     Ok(())
 }
 
-/// Adds `bytes` (f32s) into `acc`, element by element.
-fn add_into(rank: usize, op: &str, acc: &mut [f32], bytes: &[u8]) -> Result<()> {
-    check_len(rank, op, bytes.len() / 4, acc.len())?;
-    for (a, c) in acc.iter_mut().zip(bytes.chunks_exact(4)) {
-        *a += f32::from_le_bytes(c.try_into().unwrap());
+/// Adds `bytes` (`T`s) into `acc`, element by element.
+fn add_into<T: Elem>(rank: usize, op: &str, acc: &mut [T], bytes: &[u8]) -> Result<()> {
+    check_bytes::<T>(rank, op, bytes, acc.len())?;
+    for (a, c) in acc.iter_mut().zip(bytes.chunks_exact(T::SIZE)) {
+        *a += T::get(c);
     }
     Ok(())
 }
 
-impl Collective for TcpGroup {
-    fn rank(&self) -> usize {
-        self.rank
-    }
-
-    fn world_size(&self) -> usize {
-        self.world
-    }
-
-    fn all_reduce_sum(&mut self, buf: &mut [f32]) -> Result<()> {
-        let op = Op::AllReduce;
+impl TcpGroup {
+    fn all_reduce<T: Elem>(&mut self, op: Op, buf: &mut [T]) -> Result<()> {
         match self.sum_at_root(op, buf)? {
             Some(sum) => {
                 let bytes = to_bytes(&sum);
@@ -535,8 +599,7 @@ impl Collective for TcpGroup {
         Ok(())
     }
 
-    fn reduce_scatter_sum(&mut self, input: &[f32], out: &mut [f32]) -> Result<()> {
-        let op = Op::ReduceScatter;
+    fn reduce_scatter<T: Elem>(&mut self, op: Op, input: &[T], out: &mut [T]) -> Result<()> {
         let mine = shard_range(input.len(), self.rank, self.world);
         check_len(self.rank, op.name(), out.len(), mine.len())?;
         match self.sum_at_root(op, input)? {
@@ -554,6 +617,32 @@ impl Collective for TcpGroup {
         }
         self.finish();
         Ok(())
+    }
+}
+
+impl Collective for TcpGroup {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.world
+    }
+
+    fn all_reduce_sum(&mut self, buf: &mut [f32]) -> Result<()> {
+        self.all_reduce(Op::AllReduce, buf)
+    }
+
+    fn all_reduce_sum_f64(&mut self, buf: &mut [f64]) -> Result<()> {
+        self.all_reduce(Op::AllReduceF64, buf)
+    }
+
+    fn reduce_scatter_sum(&mut self, input: &[f32], out: &mut [f32]) -> Result<()> {
+        self.reduce_scatter(Op::ReduceScatter, input, out)
+    }
+
+    fn reduce_scatter_sum_f64(&mut self, input: &[f64], out: &mut [f64]) -> Result<()> {
+        self.reduce_scatter(Op::ReduceScatterF64, input, out)
     }
 
     fn all_gather(&mut self, shard: &[f32], out: &mut [f32]) -> Result<()> {

@@ -45,6 +45,25 @@ fn data(rank: usize, len: usize) -> Vec<f32> {
         .collect()
 }
 
+/// Rank `r`'s f64 data: f32 data plus a part below f32's precision, which an f32 sum would lose.
+fn data64(rank: usize, len: usize) -> Vec<f64> {
+    data(rank, len)
+        .into_iter()
+        .enumerate()
+        .map(|(i, x)| f64::from(x) + 1e-12 * (i + rank) as f64)
+        .collect()
+}
+
+fn rank_order_sum64(world: usize, len: usize) -> Vec<f64> {
+    let mut sum = data64(0, len);
+    for r in 1..world {
+        for (s, x) in sum.iter_mut().zip(data64(r, len)) {
+            *s += x;
+        }
+    }
+    sum
+}
+
 fn rank_order_sum(world: usize, len: usize) -> Vec<f32> {
     let mut sum = data(0, len);
     for r in 1..world {
@@ -75,19 +94,36 @@ fn every_operation_matches_the_rank_order_sum_on_every_rank() {
                     let mut bytes = vec![rank as u8; 3];
                     g.broadcast(&mut bytes, world - 1).unwrap();
                     g.barrier().unwrap();
-                    (all, shard, gathered, bytes)
+                    let mut all64 = data64(rank, len);
+                    g.all_reduce_sum_f64(&mut all64).unwrap();
+                    let mut shard64 = vec![0f64; mine.len()];
+                    g.reduce_scatter_sum_f64(&data64(rank, len), &mut shard64)
+                        .unwrap();
+                    (all, shard, gathered, bytes, all64, shard64)
                 },
             );
             let sum = rank_order_sum(world, len);
+            let sum64 = rank_order_sum64(world, len);
             for (rank, r) in results.into_iter().enumerate() {
-                let (all, shard, gathered, bytes) = r.unwrap();
+                let (all, shard, gathered, bytes, all64, shard64) = r.unwrap();
+                let bits64 = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                let mine = shard_range(len, rank, world);
+                assert_eq!(
+                    bits64(&all64),
+                    bits64(&sum64),
+                    "f64, world {world} rank {rank}"
+                );
+                assert_eq!(
+                    bits64(&shard64),
+                    bits64(&sum64[mine.clone()]),
+                    "f64, world {world} rank {rank}"
+                );
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(
                     bits(&all),
                     bits(&sum),
                     "world {world} len {len} rank {rank}"
                 );
-                let mine = shard_range(len, rank, world);
                 assert_eq!(bits(&shard), bits(&sum[mine]), "world {world} rank {rank}");
                 assert_eq!(bits(&gathered), bits(&sum), "world {world} rank {rank}");
                 assert_eq!(bytes, vec![(world - 1) as u8; 3]);
@@ -110,6 +146,33 @@ fn single_is_the_identity_and_checks_lengths() {
         Err(CollectiveError::Desync { .. })
     ));
     assert!(s.broadcast(&mut [0u8; 1], 1).is_err());
+    let mut v64 = vec![1.5f64, 1e-300];
+    s.all_reduce_sum_f64(&mut v64).unwrap();
+    let mut out64 = [0f64; 2];
+    s.reduce_scatter_sum_f64(&v64, &mut out64).unwrap();
+    assert_eq!(out64, [1.5, 1e-300]);
+}
+
+#[test]
+fn ranks_that_reduce_in_different_precisions_fail_with_desync() {
+    let results = group(
+        2,
+        |_| HASH,
+        T,
+        |mut g: Box<dyn Collective>| {
+            if g.rank() == 0 {
+                g.all_reduce_sum(&mut [1f32; 4]).map_err(|e| e.to_string())
+            } else {
+                g.all_reduce_sum_f64(&mut [1f64; 4])
+                    .map_err(|e| e.to_string())
+            }
+        },
+    );
+    let e0 = results[0].as_ref().unwrap().as_ref().unwrap_err();
+    assert!(
+        e0.contains("all_reduce (f64)") && e0.contains("different orders"),
+        "{e0}"
+    );
 }
 
 #[test]

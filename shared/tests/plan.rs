@@ -64,7 +64,8 @@ fn the_8b_recipe_on_one_h200_learner_does_not_fit_and_says_why() {
     let gpus: Vec<(Device, u64)> = (0..8).map(|i| (Device::Cuda(i), H200)).collect();
     let p = plan(&cfg, &qwen3_8b(), &BTreeMap::new(), &options(&gpus));
     let params = 8_190_735_360u64;
-    // bf16 weights 2 + f32 master 4 + m, v 8 + f32 accumulator 4 + bf16 micro-batch grads 2.
+    // bf16 weights 2 + f32 master 4 + m, v 8 + f64 accumulator 8 (the default grad_accum) +
+    // bf16 micro-batch grads 2.
     let state: u64 = [
         "weights",
         "f32 master",
@@ -75,7 +76,7 @@ fn the_8b_recipe_on_one_h200_learner_does_not_fit_and_says_why() {
     .iter()
     .map(|w| item(&p, "sft-16k", "learner", w))
     .sum();
-    assert_eq!(state, 20 * params);
+    assert_eq!(state, 24 * params);
     assert!(!p.fits());
     let sft = &p.stages[0];
     let learner = sft
@@ -85,10 +86,9 @@ fn the_8b_recipe_on_one_h200_learner_does_not_fit_and_says_why() {
         .unwrap();
     assert_eq!(learner.fits, Some(false));
     assert!(
-        learner
-            .advice
-            .iter()
-            .any(|a| a.contains("alone need") && a.contains("devices.learner_ranks")),
+        learner.advice.iter().any(|a| a.contains("alone need")
+            && a.contains("devices.learner_ranks")
+            && a.contains("learner.grad_accum = \"f32\"")),
         "{:?}",
         learner.advice
     );
@@ -239,9 +239,15 @@ fn the_committed_8b_config_fits_eight_h200s() {
         let q = s.processes.iter().find(|q| q.process == process).unwrap();
         q.total() as f64 / 1e9
     };
-    assert!((gb("sft-16k", "learner rank 0") - 84.8).abs() < 0.1);
-    assert!((gb("code", "learner rank 3") - 113.4).abs() < 1.0);
-    assert!((gb("code", "actor 0") - 128.0).abs() < 1.0);
+    let (sft, code, actor) = (
+        gb("sft-16k", "learner rank 0"),
+        gb("code", "learner rank 3"),
+        gb("code", "actor 0"),
+    );
+    eprintln!("sft-16k learner rank 0 {sft:.1} GB, code learner rank 3 {code:.1} GB, actor 0 {actor:.1} GB");
+    assert!((sft - 93.0).abs() < 0.1, "{sft}");
+    assert!((code - 121.6).abs() < 1.0, "{code}");
+    assert!((actor - 128.0).abs() < 1.0, "{actor}");
 }
 
 /// Learner ranks (issue 17): one learner entry per rank on consecutive GPUs, each keeping the
@@ -285,7 +291,7 @@ fn learner_ranks_shard_the_optimizer_state_in_the_plan() {
     assert_eq!(item(&p, "sft-16k", "learner rank 2", "weights"), 2 * params);
     assert_eq!(
         item(&p, "sft-16k", "learner rank 2", "gradient acc"),
-        4 * shard
+        8 * shard
     );
     // A learner rank on an actor's GPU is refused.
     cfg.devices.set_learner(&["cuda:3".to_string()]).unwrap();

@@ -334,7 +334,7 @@ mod tests {
     /// accumulated (backward) gradient.
     fn check_grad(t: &RmTrainer, pairs: &[EncodedPair], name: &str, var: &Var, eps: f64) {
         let grad = t.opt.grad(name).expect("a gradient").flatten_all().unwrap();
-        let grad = grad.to_vec1::<f32>().unwrap();
+        let grad = grad.to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap();
         let base = var
             .as_tensor()
             .flatten_all()

@@ -233,11 +233,9 @@ impl<S: RolloutSource> Learner<'_, S> {
             };
             if self.state.stage_step == 0 {
                 // A fresh optimizer per stage (its own betas, weight decay, clip).
-                self.optimizer = self.policy.optimizer(
-                    &stage,
-                    config.learner.max_bad_steps,
-                    self.group.as_ref(),
-                )?;
+                self.optimizer =
+                    self.policy
+                        .optimizer(&stage, &config.learner, self.group.as_ref())?;
                 self.state.stage_progress = cascade_shared::snapshot::StageProgress {
                     reference_version: Some(self.state.policy_version),
                     equal_in_a_row: 0,

@@ -2,7 +2,7 @@
 //! learning-rate schedule, optimizer, admission.
 
 use cascade_shared::config::KlEstimator as KlChoice;
-use cascade_shared::config::{LossAgg, RunConfig, Schedule, StageConfig};
+use cascade_shared::config::{GradAccum, LossAgg, RunConfig, Schedule, StageConfig};
 
 use crate::filter::FilterConfig;
 use crate::grpo::{GrpoConfig, KlEstimator, LossAggregation};
@@ -53,7 +53,11 @@ pub(super) fn lr_schedule(stage: &StageConfig) -> LrSchedule {
 }
 
 /// The optimizer of a stage (a fresh one per stage: its own betas, weight decay, clip).
-pub(super) fn adamw_config(stage: &StageConfig, max_bad_steps: usize) -> AdamWConfig {
+pub(super) fn adamw_config(
+    stage: &StageConfig,
+    max_bad_steps: usize,
+    grad_accum: GradAccum,
+) -> AdamWConfig {
     AdamWConfig {
         beta1: stage.betas[0],
         beta2: stage.betas[1],
@@ -61,6 +65,7 @@ pub(super) fn adamw_config(stage: &StageConfig, max_bad_steps: usize) -> AdamWCo
         weight_decay: stage.weight_decay,
         max_grad_norm: Some(stage.grad_clip),
         max_consecutive_skips: max_bad_steps.max(1) as u32,
+        grad_accum,
     }
 }
 

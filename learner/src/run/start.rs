@@ -10,7 +10,7 @@ use std::time::Instant;
 use candle_core::{DType, Device, Tensor};
 use cascade_replay::ReaderOptions;
 use cascade_shared::chat::Chat;
-use cascade_shared::config::{DtypeChoice, StageConfig};
+use cascade_shared::config::{DtypeChoice, LearnerConfig, StageConfig};
 use cascade_shared::metrics::{MetricsLog, Resume};
 use cascade_shared::model::{
     compute_dtype, initial_model, trainable_from_tensors, CausalLm, ModelConfig, Params,
@@ -75,7 +75,7 @@ impl Policy {
     pub(super) fn optimizer(
         &self,
         stage: &StageConfig,
-        max_bad_steps: usize,
+        learner: &LearnerConfig,
         group: &dyn Collective,
     ) -> Result<TrainOptimizer> {
         let vars = self
@@ -84,7 +84,7 @@ impl Policy {
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        let cfg = adamw_config(stage, max_bad_steps);
+        let cfg = adamw_config(stage, learner.max_bad_steps, learner.grad_accum);
         Ok(if group.world_size() == 1 {
             TrainOptimizer::Local(AdamW::new(vars, cfg)?)
         } else {
@@ -193,7 +193,7 @@ fn restore_progress(
         .get(state.stage_index as usize)
         .or(config.stages.last())
         .expect("a validated run config has a stage");
-    let mut optimizer = policy.optimizer(stage_cfg, config.learner.max_bad_steps, group)?;
+    let mut optimizer = policy.optimizer(stage_cfg, &config.learner, group)?;
     if let Some(file) = optimizer_file {
         optimizer.load(&file)?;
     }

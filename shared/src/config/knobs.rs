@@ -60,6 +60,20 @@ macro_rules! knobs {
     };
 }
 
+/// `learner.grad_accum`: the precision the learner sums gradients in, over a step's
+/// micro-batches and, in a learner group, over its ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum GradAccum {
+    /// f32: 4 bytes per parameter (per owned parameter in a group); the sum depends on the
+    /// order of the additions, so another micro-batch split or rank count changes the last bits.
+    F32,
+    /// f64: 8 bytes per parameter; f32 gradients added in f64 are exact in practice, so the
+    /// step is the same to the last bit however the micro-batches are spread over ranks.
+    #[default]
+    F64,
+}
+
 knobs! {
     /// `[actor]`: generation throughput and sampling defaults of every actor.
     config ActorConfig;
@@ -120,6 +134,10 @@ knobs! {
     /// inputs of its attention and MLP blocks and is recomputed in backward, a block at a time (0 = off, 1 = every layer, k = layers 0, k, 2k, ...;
     /// at most 1024). Same gradients, less memory, one more forward per checkpointed layer.
     activation_checkpointing: usize = 1, flag "activation-checkpointing";
+    /// Precision of the gradient sums: `f64` (the step does not depend on the micro-batch
+    /// split or the number of learner ranks; 8 bytes per parameter, or per owned parameter in
+    /// a group) or `f32` (4 bytes; the sums' last bits depend on their order).
+    grad_accum: GradAccum = GradAccum::F64, flag "grad-accum";
 }
 
 knobs! {

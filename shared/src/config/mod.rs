@@ -23,7 +23,9 @@ pub use dataset::DatasetEntry;
 pub use devices::{parse_devices, Device, DeviceSpec, DevicesConfig};
 pub use error::{ConfigError, Result};
 pub use extra::{EvalConfig, RewardModelTrainConfig};
-pub use knobs::{ActorArgs, ActorConfig, LearnerArgs, LearnerConfig, ReplayArgs, ReplayConfig};
+pub use knobs::{
+    ActorArgs, ActorConfig, GradAccum, LearnerArgs, LearnerConfig, ReplayArgs, ReplayConfig,
+};
 pub use model::{DtypeChoice, InitConfig, ModelConfig};
 pub use outcomes::OutcomeConfig;
 pub use overrides::Override;

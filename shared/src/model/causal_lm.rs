@@ -734,8 +734,7 @@ impl CausalLm {
     /// The sum of [`CausalLm::token_logprobs_selected`], a scalar (the SFT loss is its negative
     /// over a count). Same value and gradients; on the CPU in f32 the LM head's gradients are
     /// computed in the forward's pass over each chunk of logits, so that backward does not
-    /// recompute them ([`super::recompute::chunked_logprob_sum`]). The SFT learner does not use
-    /// it yet (see `accumulate_sft_gradients_part` in `learner/src/sft.rs`).
+    /// recompute them ([`super::recompute::chunked_logprob_sum`]). The SFT learner's loss.
     pub fn token_logprob_sum_selected(
         &self,
         input_ids: &Tensor,

@@ -13,7 +13,7 @@ mod model;
 
 use std::collections::BTreeMap;
 
-use crate::config::{Device, DtypeChoice, RunConfig, StageConfig};
+use crate::config::{Device, DtypeChoice, GradAccum, RunConfig, StageConfig};
 use crate::model::ModelConfig;
 use crate::StageKind;
 
@@ -248,11 +248,18 @@ pub fn plan(
         opts.prompt_tokens
     )];
     if config.devices.learner_devices().len() > 1 && learner_device != Device::Cpu {
-        notes.push(
-            "learner group: the TCP collectives stage up to 12 bytes per parameter in host \
-             memory on rank 0 (8 on the others) at each flush; not counted on the GPUs"
-                .into(),
-        );
+        // Rank 0: the flat gradient, the running sum and one rank's payload; the others: the
+        // flat gradient and its bytes on the wire; each in the accumulation dtype.
+        let b = match config.learner.grad_accum {
+            GradAccum::F32 => 4,
+            GradAccum::F64 => 8,
+        };
+        notes.push(format!(
+            "learner group: the TCP collectives stage up to {} bytes per parameter in host \
+             memory on rank 0 ({} on the others) at each flush; not counted on the GPUs",
+            3 * b,
+            2 * b
+        ));
     }
     let mut assumed_rm = false;
     let stages = config
@@ -368,14 +375,20 @@ fn learner_rank_use(
     world: usize,
 ) -> Vec<Item> {
     let device = config.devices.learner;
-    let mut items = mm.learner_state(world as u64);
+    let accum_bytes = match config.learner.grad_accum {
+        GradAccum::F32 => 4,
+        GradAccum::F64 => 8,
+    };
+    let mut items = mm.learner_state(world as u64, accum_bytes);
     if world > 1 && device == Device::Cpu {
         // The TCP collectives stage host buffers; on a GPU they are host memory (see the note).
         items.push(Item {
-            what: "learner group: flat f32 gradient, rank 0's sum and one rank's buffer (TCP \
-                   collectives)"
-                .into(),
-            bytes: 12 * model.num_parameters() as u64,
+            what: format!(
+                "learner group: flat {} gradient, rank 0's sum and one rank's buffer (TCP \
+                 collectives)",
+                if accum_bytes == 8 { "f64" } else { "f32" }
+            ),
+            bytes: 3 * accum_bytes * model.num_parameters() as u64,
         });
     }
     if stage.kind != StageKind::Sft && stage.kl_coef > 0.0 {
@@ -511,10 +524,16 @@ fn advise(
                 advice.push(format!(
                     "the learner's weights, gradients and optimizer state alone need {} on each \
                      rank: more learner ranks (devices.learner_ranks or a devices.learner list, \
-                     now {}) shard the f32 master weights and Adam moments; a smaller model or a \
-                     device with more memory also helps",
+                     now {}) shard the f32 master weights and Adam moments{}; a smaller model \
+                     or a device with more memory also helps",
                     format_bytes(state),
-                    config.devices.learner_devices().len()
+                    config.devices.learner_devices().len(),
+                    if config.learner.grad_accum == GradAccum::F64 {
+                        "; learner.grad_accum = \"f32\" halves the gradient sums (the steps' \
+                         last bits then depend on the rank count)"
+                    } else {
+                        ""
+                    }
                 ));
             }
             let act = sum(p, "activations");

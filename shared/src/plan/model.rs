@@ -88,9 +88,10 @@ impl MemoryModel {
 
     /// What the learner holds whatever the stage (`AdamW` in `learner/src/optim.rs`): the model's
     /// weights, an f32 master copy when the model is not f32, the f32 moments `m` and `v`, the
-    /// f32 gradient accumulator, and one micro-batch's gradients in the model's dtype while they
-    /// are added to it.
-    pub fn learner_state(&self, world: u64) -> Vec<Item> {
+    /// gradient accumulator (`accum_bytes` per element: 8 for `learner.grad_accum = "f64"`, 4
+    /// for `"f32"`), and one micro-batch's gradients in the model's dtype while they are added
+    /// to it.
+    pub fn learner_state(&self, world: u64, accum_bytes: u64) -> Vec<Item> {
         let p = self.params;
         // With several ranks each keeps the master and moments of its 1/world shard only.
         let world = world.max(1);
@@ -115,10 +116,11 @@ impl MemoryModel {
             bytes: 8 * shard,
         });
         // In a group each micro-batch's gradients are reduce-scattered at once (ZeRO-2): the
-        // f32 sum is kept for the rank's shard only.
+        // sum is kept for the rank's shard only.
+        let accum = if accum_bytes == 8 { "f64" } else { "f32" };
         items.push(Item {
-            what: format!("gradient accumulator (f32{of})"),
-            bytes: 4 * shard,
+            what: format!("gradient accumulator ({accum}{of})"),
+            bytes: accum_bytes * shard,
         });
         items.push(Item {
             what: format!("one micro-batch's gradients ({})", self.dtype_name()),
