@@ -554,7 +554,7 @@ fn to_bytes<T: Elem>(v: &[T]) -> Vec<u8> {
 
 /// Checks that `bytes` holds `want` elements of `T`.
 fn check_bytes<T: Elem>(rank: usize, op: &str, bytes: &[u8], want: usize) -> Result<()> {
-    if bytes.len() % T::SIZE != 0 {
+    if !bytes.len().is_multiple_of(T::SIZE) {
         return Err(desync(
             rank,
             format!("{op}: {} bytes is not {}s", bytes.len(), T::NAME),
