@@ -15,6 +15,7 @@
 pub mod batch;
 pub mod error;
 pub mod filter;
+mod grad_sum;
 pub mod grpo;
 pub mod optim;
 pub mod policy;

@@ -26,6 +26,8 @@ use candle_nn::VarMap;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{LearnerError, Result};
+pub(crate) use crate::grad_sum::add_gradient;
+use crate::grad_sum::squared_norm_as_f32;
 use cascade_shared::config::GradAccum;
 use cascade_shared::snapshot::durable::FileDigest;
 use cascade_shared::snapshot::tensors::{
@@ -276,12 +278,7 @@ impl AdamW {
     pub fn grad_norm(&self) -> Result<f64> {
         let mut sq = 0f64;
         for g in self.params.iter().filter_map(|p| p.grad.as_ref()) {
-            sq += g
-                .to_dtype(DType::F32)?
-                .to_dtype(DType::F64)?
-                .sqr()?
-                .sum_all()?
-                .to_scalar::<f64>()?;
+            sq += squared_norm_as_f32(g)?;
         }
         Ok(sq.sqrt())
     }
@@ -456,23 +453,6 @@ pub(crate) fn accum_dtype(accum: GradAccum) -> DType {
         GradAccum::F32 => DType::F32,
         GradAccum::F64 => DType::F64,
     }
-}
-
-/// Adds `var`'s gradient in `grads` (if any) to the running sum in `slot`, in `dtype`.
-pub(crate) fn add_gradient(
-    slot: &mut Option<Tensor>,
-    grads: &GradStore,
-    var: &Var,
-    dtype: DType,
-) -> Result<()> {
-    if let Some(g) = grads.get(var.as_tensor()) {
-        let g = g.to_dtype(dtype)?;
-        *slot = Some(match slot.take() {
-            None => g,
-            Some(sum) => (sum + g)?,
-        });
-    }
-    Ok(())
 }
 
 /// The NaN/inf guard of a step: `Ok(Some(Skipped))` for a non-finite loss or gradient norm
