@@ -8,9 +8,12 @@ use clap::{Parser, Subcommand};
 /// The allocator. Candle allocates a fresh buffer for every tensor op; with glibc's malloc each
 /// large one is a new mmap that the kernel zero-fills page by page and unmaps on drop. On the
 /// tiny default's SFT steps that was a third of all CPU time, in the kernel. mimalloc with
-/// purging off (`cascade_shared::device::keep_freed_memory`) keeps freed pages for reuse.
+/// purging off (`cascade_shared::device::keep_freed_memory`) keeps freed pages for reuse. The
+/// counting wrapper gives the heap's peak (`peak_heap_mb` in the metrics) beside the RSS, which
+/// also holds the pages kept.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: cascade_shared::metrics::CountingAlloc<mimalloc::MiMalloc> =
+    cascade_shared::metrics::CountingAlloc(mimalloc::MiMalloc);
 
 /// Cascade RL: train reasoning language models one domain after another, with separate actor
 /// and learner processes connected by a memory-mapped replay log.

@@ -267,3 +267,66 @@ fn gpu_learner_step_benchmark() -> Result<()> {
     }
     Ok(())
 }
+
+/// One SFT step (forward, backward, the sharded AdamW of a learner group) on the GPU with the
+/// NCCL collectives of a one-rank group (`cascade_shared::nccl`) gives, bit for bit, the weights
+/// the CPU backend's collectives give. Skipped, with a line, where NCCL's library is missing.
+#[test]
+fn a_one_rank_nccl_learner_step_matches_the_cpu_backend() -> Result<()> {
+    use cascade_learner::zero::{GroupSink, ShardedAdamW};
+    use cascade_shared::collective::{Collective, Single};
+    use cascade_shared::nccl::NcclGroup;
+
+    let cfg = small_config()?;
+    let tensors = random_weights(&cfg, 11, &Device::Cpu)?;
+    let mut results = Vec::new();
+    for nccl in [false, true] {
+        let mut group: Box<dyn Collective> = if nccl {
+            match NcclGroup::new(Box::new(Single), 0, std::time::Duration::from_secs(60)) {
+                Ok(g) => Box::new(g),
+                Err(e) => {
+                    eprintln!("skipped: {e}");
+                    return Ok(());
+                }
+            }
+        } else {
+            Box::new(Single)
+        };
+        let on_gpu = tensors
+            .iter()
+            .map(|(k, t)| Ok((k.clone(), t.to_device(&gpu())?)))
+            .collect::<Result<HashMap<_, _>>>()?;
+        let (model, params) = trainable_from_tensors(&cfg, on_gpu)?;
+        let vars: Vec<_> = params.vars.clone().into_iter().collect();
+        let mut opt = ShardedAdamW::new(vars, AdamWConfig::default(), 0, 1)?;
+        let batch = rows(cfg.vocab_size as u32);
+        let stats = {
+            let mut sink = GroupSink::new(&mut opt, group.as_mut());
+            let stats = accumulate_sft_gradients(&model, &batch, 1, &mut sink, &gpu())?;
+            sink.finish(batch.len())?;
+            stats
+        };
+        opt.step(1e-3, stats.loss, group.as_mut())?;
+        let mut weights: Vec<(String, Vec<f32>)> = params
+            .vars
+            .iter()
+            .map(|(k, v)| {
+                Ok((
+                    k.clone(),
+                    v.as_tensor()
+                        .to_device(&Device::Cpu)?
+                        .flatten_all()?
+                        .to_vec1::<f32>()?,
+                ))
+            })
+            .collect::<Result<_>>()?;
+        weights.sort_by(|a, b| a.0.cmp(&b.0));
+        results.push(weights);
+    }
+    ensure!(
+        results[0] == results[1],
+        "NCCL and CPU-backend steps differ"
+    );
+    eprintln!("one-rank NCCL learner step: bit-identical to the CPU backend's");
+    Ok(())
+}

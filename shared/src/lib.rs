@@ -14,6 +14,8 @@ pub mod data;
 pub mod device;
 pub mod metrics;
 pub mod model;
+#[cfg(feature = "cuda-kernels")]
+pub mod nccl;
 pub mod outcomes;
 pub mod plan;
 pub mod reward_head;

@@ -50,6 +50,12 @@ pub struct LearnerCmdArgs {
     /// start) before it stops with an error naming the rank.
     #[arg(long, default_value_t = 300.0)]
     pub group_timeout: f64,
+    /// Collectives of a learner group: `nccl` (the GPU backend; CUDA learners, a binary built
+    /// with the `cuda-kernels` or `cuda` feature, NCCL's `libnccl.so.2` at run time), `tcp` (the
+    /// CPU backend, also for GPU ranks: through host memory), or `auto` (NCCL for a group of
+    /// CUDA learners where the binary has it, else TCP).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "tcp", "nccl"])]
+    pub collectives: String,
 }
 
 /// FNV-1a of the config as every rank loaded it: ranks that loaded different configs refuse
@@ -59,6 +65,45 @@ fn config_hash(config: &cascade_shared::config::RunConfig) -> anyhow::Result<u64
     Ok(bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x100000001b3)
     }))
+}
+
+/// The group's collectives as `--collectives` asks: the TCP group as joined, or NCCL over it.
+fn with_collectives(
+    group: Box<dyn cascade_shared::collective::Collective>,
+    choice: &str,
+    device: &str,
+    spec: &GroupSpec,
+    timeout_s: f64,
+) -> anyhow::Result<Box<dyn cascade_shared::collective::Collective>> {
+    let ordinal = device
+        .strip_prefix("cuda:")
+        .and_then(|n| n.parse::<usize>().ok());
+    let nccl = match (choice, ordinal) {
+        ("tcp", _) => false,
+        ("nccl", None) => {
+            anyhow::bail!("--collectives nccl needs a CUDA learner (--device cuda:N)")
+        }
+        ("nccl", Some(_)) => true,
+        _ => ordinal.is_some() && spec.world > 1 && cfg!(feature = "cuda-kernels"),
+    };
+    if !nccl {
+        return Ok(group);
+    }
+    #[cfg(feature = "cuda-kernels")]
+    {
+        let nccl = cascade_shared::nccl::NcclGroup::new(
+            group,
+            ordinal.unwrap_or(0),
+            std::time::Duration::from_secs_f64(timeout_s),
+        )
+        .with_context(|| format!("rank {} of {}: NCCL on {device}", spec.rank, spec.world))?;
+        Ok(Box::new(nccl))
+    }
+    #[cfg(not(feature = "cuda-kernels"))]
+    {
+        let _ = (group, timeout_s);
+        anyhow::bail!("--collectives nccl: this binary was built without the cuda-kernels feature")
+    }
 }
 
 /// Runs `cascade learner`.
@@ -121,6 +166,13 @@ pub fn run(args: LearnerCmdArgs) -> anyhow::Result<i32> {
                 spec.rank, spec.world, spec.rendezvous
             )
         })?;
+    let group = with_collectives(
+        group,
+        &args.collectives,
+        &device_name,
+        &spec,
+        args.group_timeout,
+    )?;
     if spec.world > 1 {
         tracing::info!(
             "learner rank {} of {} (rendezvous {})",

@@ -208,6 +208,7 @@ impl<S: RolloutSource> Learner<'_, S> {
                 no_signal: Some(step.no_signal),
                 skipped: Some(!applied),
                 peak_rss_mb: reading.peak_rss_mb,
+                peak_heap_mb: reading.peak_heap_mb,
                 device_memory_mb: reading.device_memory_mb,
                 device_peak_mb: reading.device_peak_mb,
             });

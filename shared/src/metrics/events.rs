@@ -176,6 +176,10 @@ pub struct SftStep {
     /// tokens).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peak_rss_mb: Option<f64>,
+    /// Peak bytes held by the process's heap during the step, MiB: the RSS less what the
+    /// allocator keeps after frees (the figure `cascade plan` models for a CPU learner).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_heap_mb: Option<f64>,
     /// Device memory in use at the end of the step, MiB (CUDA only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device_memory_mb: Option<f64>,
@@ -274,6 +278,10 @@ pub struct LearnerStep {
     /// tokens).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peak_rss_mb: Option<f64>,
+    /// Peak bytes held by the process's heap during the step, MiB: the RSS less what the
+    /// allocator keeps after frees (the figure `cascade plan` models for a CPU learner).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_heap_mb: Option<f64>,
     /// Device memory in use at the end of the step, MiB (CUDA only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device_memory_mb: Option<f64>,

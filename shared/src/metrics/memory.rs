@@ -1,6 +1,9 @@
 //! Memory readings of a training step: the host's peak resident set size and, on a GPU, the
 //! device memory in use.
 //!
+//! **Heap peak of a step**: with [`super::CountingAlloc`] as the global allocator, the largest
+//! number of bytes held by allocations during the step ([`StepMemory::start`] resets it).
+//!
 //! **Host peak of a step** (Linux): [`StepMemory::start`] writes `5` to `/proc/self/clear_refs`,
 //! which resets the kernel's high-water mark `VmHWM` to the current RSS; [`StepMemory::finish`]
 //! reads `VmHWM` from `/proc/self/status`. Where the reset is refused (not Linux, or a kernel
@@ -29,6 +32,9 @@ pub struct StepMemory {
 pub struct MemoryReading {
     /// Peak host RSS during the step, MiB (see [`StepMemory`] for the fallback).
     pub peak_rss_mb: Option<f64>,
+    /// Peak bytes the process's heap held during the step, MiB (binaries with
+    /// [`super::CountingAlloc`]): the RSS less what the allocator keeps after frees.
+    pub peak_heap_mb: Option<f64>,
     /// Device memory in use at the end of the step, MiB (CUDA only).
     pub device_memory_mb: Option<f64>,
     /// Peak device memory held by this process's allocations during the step, MiB (CUDA only,
@@ -39,6 +45,7 @@ pub struct MemoryReading {
 impl StepMemory {
     /// Resets the host high-water mark (where the OS allows it) and starts the measurement.
     pub fn start() -> StepMemory {
+        super::reset_heap_peak();
         let exact = std::fs::write("/proc/self/clear_refs", "5").is_ok();
         StepMemory { exact }
     }
@@ -58,6 +65,7 @@ impl StepMemory {
     pub fn finish(&self, device: &Device) -> MemoryReading {
         MemoryReading {
             peak_rss_mb: peak_rss_mb(),
+            peak_heap_mb: super::heap_peak_mb(),
             device_memory_mb: device_memory_mb(device),
             device_peak_mb: device_peak_mb(device),
         }

@@ -69,6 +69,7 @@
 //! goals checked against them ([`SeedGoals`], [`GoalCheck`]).
 
 mod events;
+mod heap;
 mod heldout;
 mod log;
 mod memory;
@@ -80,6 +81,7 @@ pub use events::{
     ReplayErrorEvent, ReplaySkip, Resume, RmDone, RmStep, RunEnd, RunStart, SftStep, Snapshot,
     StageEnd, Warning,
 };
+pub use heap::{heap_in_use_mb, heap_peak_mb, reset_heap_peak, CountingAlloc};
 pub use heldout::{HeldoutRow, HeldoutTable, StageGain, HELDOUT_FILE};
 pub use log::{read_events, unix_now, MetricsLog, METRICS_FILE};
 pub use memory::{

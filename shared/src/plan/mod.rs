@@ -401,10 +401,12 @@ fn learner_rank_use(
         });
     }
     let (rows, tokens) = learner_rows(config, stage, opts);
+    let fused_ops = device == Device::Cpu && dtype_bytes(config.model.dtype, device) == 4;
     let act = ActivationModel {
         fused_attention: fused_attention_on(device, model, config.model.dtype),
         checkpoint_every: config.learner.activation_checkpointing,
-        fused_ops: device == Device::Cpu && dtype_bytes(config.model.dtype, device) == 4,
+        fused_ops,
+        fused_loss: fused_ops && stage.kind == StageKind::Sft,
     };
     let mut activations = mm.training_activations(rows, tokens, act);
     // An RL stage's sft_mix (validated: RL stages only) runs its SFT micro-batches after the
@@ -412,7 +414,11 @@ fn learner_rank_use(
     if let Some(mix) = &stage.sft_mix {
         let mix_rows = config.learner.micro_batch.max(1).min(mix.rows);
         let mix_tokens = mix.token_budget.unwrap_or(DEFAULT_SFT_TOKEN_BUDGET);
-        let mix_items = mm.training_activations(mix_rows, mix_tokens, act);
+        let mix_act = ActivationModel {
+            fused_loss: fused_ops,
+            ..act
+        };
+        let mix_items = mm.training_activations(mix_rows, mix_tokens, mix_act);
         let total = |items: &[Item]| items.iter().map(|i| i.bytes).sum::<u64>();
         if total(&mix_items) > total(&activations) {
             activations = mix_items
@@ -424,15 +430,19 @@ fn learner_rank_use(
                 .collect();
         }
     }
-    // The optimizer update runs after backward has freed the activations: the peak is the
-    // larger of the two, so only the update's excess over the activations is added.
+    // The optimizer update runs after backward has freed the activations and the gradients
+    // have been added to the sum (the micro-batch's gradients freed): the peak is the larger
+    // of the two phases, so only the update's excess over both is added.
     let act_total: u64 = activations.iter().map(|i| i.bytes).sum();
     let step = mm.optimizer_step_transient(world as u64);
     items.extend(activations);
-    if step > act_total {
+    let freed = act_total + mm.weights();
+    if step > freed {
         items.push(Item {
-            what: "optimizer update: its temporaries beyond the activations (freed by then)".into(),
-            bytes: step - act_total,
+            what: "optimizer update: its temporaries beyond the activations and the micro-batch's \
+                   gradients (freed by then)"
+                .into(),
+            bytes: step - freed,
         });
     }
     items

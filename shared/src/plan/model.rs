@@ -17,6 +17,11 @@ pub struct ActivationModel {
     /// The fused RMSNorm, rotary and SwiGLU kernels (`shared/src/model/fused.rs`: f32 on the
     /// CPU) keep only their outputs.
     pub fused_ops: bool,
+    /// The SFT loss through `CausalLm::token_logprob_sum` on the fused path (f32 on the CPU):
+    /// the LM head's gradients are computed in the forward's pass over each chunk of logits,
+    /// which holds the logits and their gradient (not three f32 copies), and the hidden
+    /// states' f32 gradient is kept from forward to backward.
+    pub fused_loss: bool,
 }
 
 /// The byte arithmetic of one architecture at one in-memory dtype.
@@ -198,9 +203,13 @@ impl MemoryModel {
     /// layer's input is the embedding output); the others everything
     /// [`MemoryModel::layer_bytes_per_token`] counts. In backward one block at a time is
     /// recomputed with its graph and its gradients are in flight: the larger block's
-    /// activations twice (without checkpointing, one layer's). The LM head and log-probs run a chunk of 2^24 logits at a time
-    /// (`shared/src/model/recompute.rs`): per token only the hidden state's copy, the log-prob and
-    /// the log-sum-exp are kept; the chunk (logits, shifted, exponentiated, f32) is a constant.
+    /// activations twice (without checkpointing, one layer's). The LM head and log-probs run a
+    /// chunk of 2^24 logits at a time (`shared/src/model/recompute.rs`): per token only the
+    /// hidden state's copy, the log-prob and the log-sum-exp are kept; the chunk's f32
+    /// temporaries (logits, shifted, exponentiated; fused loss: logits and their gradient) live
+    /// in the forward and at the start of backward, before the other parameters' gradients
+    /// exist: only what they add beyond those gradients is counted (for a large model,
+    /// nothing).
     pub fn training_activations(
         &self,
         rows: usize,
@@ -244,12 +253,22 @@ impl MemoryModel {
         // A chunk holds min(n, 2^24 / vocab) positions × the vocabulary
         // (`crate::model::recompute::logits_chunk_rows`).
         let chunk_rows = ((1u64 << 24) / self.vocab.max(1)).max(1).min(n);
+        let dh = if act.fused_loss { 4 * self.h } else { 0 };
         items.push(Item {
-            what: format!(
-                "activations: LM head and log-probs in chunks of ≤ 2^24 logits, {rows} × {t} tokens"
-            ),
-            bytes: n * (self.b * self.h + 8) + 3 * 4 * chunk_rows * self.vocab,
+            what: format!("activations: LM head and log-probs, {rows} × {t} tokens"),
+            bytes: n * (self.b * self.h + dh + 8),
         });
+        let copies = if act.fused_loss { 2 } else { 3 };
+        let other_grads = (self.params - self.vocab * self.h) * self.b;
+        let chunk = (copies * 4 * chunk_rows * self.vocab).saturating_sub(other_grads);
+        if chunk > 0 {
+            items.push(Item {
+                what: "LM head chunk of ≤ 2^24 logits: its temporaries beyond the other \
+                       parameters' gradients (freed before them)"
+                    .into(),
+                bytes: chunk,
+            });
+        }
         items.push(Item {
             what: if checkpointed > 0 {
                 "activations: backward, one block recomputed and its gradients in flight".into()

@@ -1,0 +1,290 @@
+//! The GPU backend of [`Collective`]: NCCL through cudarc (issue 17; the `cuda-kernels`
+//! feature, which builds without CUDA: NCCL is loaded at run time, `libnccl.so.2`).
+//!
+//! [`NcclGroup`] runs over a control group (the TCP group of the rendezvous): rank 0 makes the
+//! NCCL unique id and the control group's broadcast, which has a timeout, carries it to the other
+//! ranks; `broadcast` of bytes and `barrier` stay on the control group (small control messages),
+//! and the reductions and the gather run on the device through NCCL.
+//!
+//! The learner hands the collectives host slices (the sharded optimizer's flat gradient and
+//! master shard). Each call copies them to the device in buckets of at most [`BUCKET`] elements
+//! per rank, runs the NCCL operation on a stream of its own, and copies the result back: the
+//! device holds `world × BUCKET` elements at a time, not the flat vector. Shards are
+//! [`shard_range`]'s (sizes differ by one at most); NCCL's reduce-scatter and all-gather cut
+//! equal pieces, so each bucket is laid out as every rank's next piece of its own shard, padded
+//! with zeros to the bucket's size.
+//!
+//! Every operation waits for its completion with the group's timeout (polling an event
+//! recorded after it), so a rank that died or hangs stops the others with
+//! [`CollectiveError::Timeout`] instead of a hang; dropping the group aborts the communicator.
+//! Not yet run on a GPU: `scripts/gpu-check.sh` runs its test (`learner/tests/learner_cuda.rs`)
+//! where a GPU is lent.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use cudarc::nccl::safe::{Comm, Id, NcclType, ReduceOp};
+
+use crate::collective::{shard_range, Collective, CollectiveError, Result};
+
+/// Elements per rank in one bucket of a reduce-scatter or all-gather (32 MiB of f64).
+pub const BUCKET: usize = 1 << 22;
+
+/// A learner group's collectives on NCCL (see the module docs).
+pub struct NcclGroup {
+    comm: Comm,
+    stream: Arc<CudaStream>,
+    control: Box<dyn Collective>,
+    rank: usize,
+    world: usize,
+    timeout: Duration,
+}
+
+// SAFETY: the communicator and the stream are owned by this value and used only through
+// `&mut self` (one thread at a time); NCCL and the CUDA driver allow a communicator to be used
+// from another thread than the one that created it as long as calls are not concurrent (the
+// context is bound to the calling thread before each use by cudarc).
+unsafe impl Send for NcclGroup {}
+
+fn error(rank: usize, op: &'static str, what: impl std::fmt::Debug) -> CollectiveError {
+    CollectiveError::Io {
+        rank,
+        op,
+        source: std::io::Error::other(format!("{what:?}")),
+    }
+}
+
+impl NcclGroup {
+    /// Joins the NCCL group of `control`'s ranks on CUDA device `ordinal`. Fails with an error
+    /// (not a panic) where no CUDA driver or no NCCL library is present.
+    pub fn new(
+        mut control: Box<dyn Collective>,
+        ordinal: usize,
+        timeout: Duration,
+    ) -> Result<NcclGroup> {
+        let (rank, world) = (control.rank(), control.world_size());
+        let op = "nccl init";
+        // SAFETY: `is_culib_present` only tries `dlopen` on the driver's library names and
+        // drops the handle.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(error(rank, op, "no CUDA driver (libcuda.so.1)"));
+        }
+        // SAFETY: as above, on NCCL's library names.
+        if !unsafe { cudarc::nccl::sys::is_culib_present() } {
+            return Err(error(rank, op, "no NCCL library (libnccl.so.2)"));
+        }
+        let mut id = [0u8; 128];
+        if rank == 0 {
+            let made = Id::new().map_err(|e| error(rank, op, e))?;
+            for (b, c) in id.iter_mut().zip(made.internal()) {
+                *b = *c as u8;
+            }
+        }
+        control.broadcast(&mut id, 0)?;
+        let id = Id::uninit(id.map(|b| b as std::ffi::c_char));
+        let ctx = CudaContext::new(ordinal).map_err(|e| error(rank, op, e))?;
+        let stream = ctx.new_stream().map_err(|e| error(rank, op, e))?;
+        let comm =
+            Comm::from_rank(stream.clone(), rank, world, id).map_err(|e| error(rank, op, e))?;
+        Ok(NcclGroup {
+            comm,
+            stream,
+            control,
+            rank,
+            world,
+            timeout,
+        })
+    }
+
+    /// Waits for the work queued on the stream, at most the timeout.
+    fn wait(&self, op: &'static str) -> Result<()> {
+        let event = self
+            .stream
+            .record_event(None)
+            .map_err(|e| error(self.rank, op, e))?;
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            if event
+                .try_is_complete()
+                .map_err(|e| error(self.rank, op, e))?
+            {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(CollectiveError::Timeout {
+                    rank: self.rank,
+                    peer: "the NCCL group".into(),
+                    op,
+                    timeout: self.timeout,
+                });
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+
+    fn to_device<T: DeviceRepr>(&self, op: &'static str, host: &[T]) -> Result<CudaSlice<T>> {
+        self.stream
+            .clone_htod(host)
+            .map_err(|e| error(self.rank, op, e))
+    }
+
+    fn to_host<T: DeviceRepr>(
+        &self,
+        op: &'static str,
+        dev: &CudaSlice<T>,
+        host: &mut [T],
+    ) -> Result<()> {
+        self.stream
+            .memcpy_dtoh(dev, host)
+            .map_err(|e| error(self.rank, op, e))
+    }
+
+    fn all_reduce<T>(&mut self, op: &'static str, buf: &mut [T]) -> Result<()>
+    where
+        T: NcclType + DeviceRepr + Copy,
+    {
+        for part in buf.chunks_mut(BUCKET) {
+            let mut dev = self.to_device(op, part)?;
+            self.comm
+                .all_reduce_in_place(&mut dev, &ReduceOp::Sum)
+                .map_err(|e| error(self.rank, op, e))?;
+            self.wait(op)?;
+            self.to_host(op, &dev, part)?;
+        }
+        Ok(())
+    }
+
+    /// The pieces of bucket `k`: for each rank, the range of its shard of `len` elements that
+    /// falls in the bucket (possibly empty), relative to the whole buffer.
+    fn bucket(&self, len: usize, k: usize) -> Vec<std::ops::Range<usize>> {
+        (0..self.world)
+            .map(|r| {
+                let s = shard_range(len, r, self.world);
+                let start = (s.start + k * BUCKET).min(s.end);
+                start..(start + BUCKET).min(s.end)
+            })
+            .collect()
+    }
+
+    fn buckets(&self, len: usize) -> usize {
+        shard_range(len, 0, self.world).len().div_ceil(BUCKET)
+    }
+
+    fn reduce_scatter<T>(&mut self, op: &'static str, input: &[T], out: &mut [T]) -> Result<()>
+    where
+        T: NcclType + DeviceRepr + ValidAsZeroBits + Copy + Default,
+    {
+        let mine = shard_range(input.len(), self.rank, self.world);
+        if out.len() != mine.len() {
+            return Err(CollectiveError::Desync {
+                rank: self.rank,
+                detail: format!(
+                    "{op}: buffer of {} elements where {} were expected",
+                    out.len(),
+                    mine.len()
+                ),
+            });
+        }
+        for k in 0..self.buckets(input.len()) {
+            let pieces = self.bucket(input.len(), k);
+            let width = pieces.iter().map(|p| p.len()).max().unwrap_or(0);
+            if width == 0 {
+                break;
+            }
+            let mut send = vec![T::default(); width * self.world];
+            for (r, p) in pieces.iter().enumerate() {
+                send[r * width..r * width + p.len()].copy_from_slice(&input[p.clone()]);
+            }
+            let send = self.to_device(op, &send)?;
+            let mut recv = self
+                .stream
+                .alloc_zeros::<T>(width)
+                .map_err(|e| error(self.rank, op, e))?;
+            self.comm
+                .reduce_scatter(&send, &mut recv, &ReduceOp::Sum)
+                .map_err(|e| error(self.rank, op, e))?;
+            self.wait(op)?;
+            let mut host = vec![T::default(); width];
+            self.to_host(op, &recv, &mut host)?;
+            let p = &pieces[self.rank];
+            let local = p.start - mine.start..p.end - mine.start;
+            out[local].copy_from_slice(&host[..p.len()]);
+        }
+        Ok(())
+    }
+}
+
+impl Collective for NcclGroup {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.world
+    }
+
+    fn all_reduce_sum(&mut self, buf: &mut [f32]) -> Result<()> {
+        self.all_reduce("all_reduce (nccl)", buf)
+    }
+
+    fn all_reduce_sum_f64(&mut self, buf: &mut [f64]) -> Result<()> {
+        self.all_reduce("all_reduce f64 (nccl)", buf)
+    }
+
+    fn reduce_scatter_sum(&mut self, input: &[f32], out: &mut [f32]) -> Result<()> {
+        self.reduce_scatter("reduce_scatter (nccl)", input, out)
+    }
+
+    fn reduce_scatter_sum_f64(&mut self, input: &[f64], out: &mut [f64]) -> Result<()> {
+        self.reduce_scatter("reduce_scatter f64 (nccl)", input, out)
+    }
+
+    fn all_gather(&mut self, shard: &[f32], out: &mut [f32]) -> Result<()> {
+        let op = "all_gather (nccl)";
+        let mine = shard_range(out.len(), self.rank, self.world);
+        if shard.len() != mine.len() {
+            return Err(CollectiveError::Desync {
+                rank: self.rank,
+                detail: format!(
+                    "{op}: shard of {} elements where {} were expected",
+                    shard.len(),
+                    mine.len()
+                ),
+            });
+        }
+        for k in 0..self.buckets(out.len()) {
+            let pieces = self.bucket(out.len(), k);
+            let width = pieces.iter().map(|p| p.len()).max().unwrap_or(0);
+            if width == 0 {
+                break;
+            }
+            let p = &pieces[self.rank];
+            let mut send = vec![0f32; width];
+            send[..p.len()].copy_from_slice(&shard[p.start - mine.start..p.end - mine.start]);
+            let send = self.to_device(op, &send)?;
+            let mut recv = self
+                .stream
+                .alloc_zeros::<f32>(width * self.world)
+                .map_err(|e| error(self.rank, op, e))?;
+            self.comm
+                .all_gather(&send, &mut recv)
+                .map_err(|e| error(self.rank, op, e))?;
+            self.wait(op)?;
+            let mut host = vec![0f32; width * self.world];
+            self.to_host(op, &recv, &mut host)?;
+            for (r, p) in pieces.iter().enumerate() {
+                out[p.clone()].copy_from_slice(&host[r * width..r * width + p.len()]);
+            }
+        }
+        Ok(())
+    }
+
+    fn broadcast(&mut self, buf: &mut [u8], root: usize) -> Result<()> {
+        self.control.broadcast(buf, root)
+    }
+
+    fn barrier(&mut self) -> Result<()> {
+        self.control.barrier()
+    }
+}
