@@ -96,6 +96,11 @@ echo "== [4/5] cargo build --release --features cuda (binary) and CUDA test bina
 cargo build --release --locked --features cuda --bin cascade
 cargo test --release --locked --features cuda --workspace --no-run --message-format=json \
   > "$CARGO_TARGET_DIR/gpu-tests.json"
+# The NCCL collectives' test without candle's CUDA backend: NCCL loaded at run time from the GPU
+# host's wheels (with `cuda` it would link libnccl, which these wheels lack). Listed after the
+# `cuda` build's (empty) nccl_cuda, so that it replaces it.
+cargo test --release --locked -p cascade-shared --features nccl --test nccl_cuda --no-run \
+  --message-format=json >> "$CARGO_TARGET_DIR/gpu-tests.json"
 
 echo "== [5/5] pack into $GPU_DIR"
 rm -rf "$GPU_DIR"
@@ -109,6 +114,7 @@ pack "$CARGO_TARGET_DIR/release/cascade" "$GPU_DIR/cascade.xz"
 "$PY" - "$CARGO_TARGET_DIR/gpu-tests.json" "$REPO" > "$GPU_DIR/tests.tsv" <<'PYEOF'
 import json, os, sys
 repo = sys.argv[2]
+found = {}
 for line in open(sys.argv[1]):
     try:
         m = json.loads(line)
@@ -120,7 +126,9 @@ for line in open(sys.argv[1]):
     if "cuda" not in name or "test" not in m["target"]["kind"]:
         continue
     crate_dir = os.path.relpath(os.path.dirname(m["manifest_path"]), repo)
-    print(f"{name}\t{crate_dir}\t{m['executable']}")
+    found[name] = f"{name}\t{crate_dir}\t{m['executable']}"
+for row in found.values():
+    print(row)
 PYEOF
 while IFS=$'\t' read -r name crate exe; do
   pack "$exe" "$GPU_DIR/tests/$name.xz"

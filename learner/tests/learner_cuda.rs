@@ -271,6 +271,9 @@ fn gpu_learner_step_benchmark() -> Result<()> {
 /// One SFT step (forward, backward, the sharded AdamW of a learner group) on the GPU with the
 /// NCCL collectives of a one-rank group (`cascade_shared::nccl`) gives, bit for bit, the weights
 /// the CPU backend's collectives give. Skipped, with a line, where NCCL's library is missing.
+/// Needs `--features cuda,nccl` (libnccl at link time), which `scripts/build-gpu.sh` does not
+/// build yet.
+#[cfg(feature = "nccl")]
 #[test]
 fn a_one_rank_nccl_learner_step_matches_the_cpu_backend() -> Result<()> {
     use cascade_learner::zero::{GroupSink, ShardedAdamW};

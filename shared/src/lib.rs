@@ -14,7 +14,7 @@ pub mod data;
 pub mod device;
 pub mod metrics;
 pub mod model;
-#[cfg(feature = "cuda-kernels")]
+#[cfg(feature = "nccl")]
 pub mod nccl;
 pub mod outcomes;
 pub mod plan;

@@ -1,5 +1,5 @@
-//! The GPU backend of [`Collective`]: NCCL through cudarc (issue 17; the `cuda-kernels`
-//! feature, which builds without CUDA: NCCL is loaded at run time, `libnccl.so.2`).
+//! The GPU backend of [`Collective`]: NCCL through cudarc (issue 17; the `nccl` feature, which
+//! with `cuda-kernels` alone builds without CUDA: NCCL is loaded at run time, `libnccl.so.2`).
 //!
 //! [`NcclGroup`] runs over a control group (the TCP group of the rendezvous): rank 0 makes the
 //! NCCL unique id and the control group's broadcast, which has a timeout, carries it to the other
@@ -65,14 +65,18 @@ impl NcclGroup {
     ) -> Result<NcclGroup> {
         let (rank, world) = (control.rank(), control.world_size());
         let op = "nccl init";
-        // SAFETY: `is_culib_present` only tries `dlopen` on the driver's library names and
-        // drops the handle.
-        if !unsafe { cudarc::driver::sys::is_culib_present() } {
-            return Err(error(rank, op, "no CUDA driver (libcuda.so.1)"));
-        }
-        // SAFETY: as above, on NCCL's library names.
-        if !unsafe { cudarc::nccl::sys::is_culib_present() } {
-            return Err(error(rank, op, "no NCCL library (libnccl.so.2)"));
+        // Loaded at run time (without candle's `cuda`, which links the libraries instead).
+        #[cfg(not(feature = "cuda"))]
+        {
+            // SAFETY: `is_culib_present` only tries `dlopen` on the driver's library names and
+            // drops the handle.
+            if !unsafe { cudarc::driver::sys::is_culib_present() } {
+                return Err(error(rank, op, "no CUDA driver (libcuda.so.1)"));
+            }
+            // SAFETY: as above, on NCCL's library names.
+            if !unsafe { cudarc::nccl::sys::is_culib_present() } {
+                return Err(error(rank, op, "no NCCL library (libnccl.so.2)"));
+            }
         }
         let mut id = [0u8; 128];
         if rank == 0 {

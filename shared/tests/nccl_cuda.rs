@@ -2,7 +2,7 @@
 //! Without a CUDA driver or NCCL (CI, this machine) joining is an error, never a panic. On a GPU
 //! (`scripts/gpu-check.sh`), a one-rank NCCL group gives what the CPU backend gives for every
 //! operation, f32 and f64, on lengths that include empty, uneven and more than one bucket.
-#![cfg(feature = "cuda-kernels")]
+#![cfg(feature = "nccl")]
 
 use std::time::Duration;
 

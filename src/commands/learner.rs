@@ -51,7 +51,7 @@ pub struct LearnerCmdArgs {
     #[arg(long, default_value_t = 300.0)]
     pub group_timeout: f64,
     /// Collectives of a learner group: `nccl` (the GPU backend; CUDA learners, a binary built
-    /// with the `cuda-kernels` or `cuda` feature, NCCL's `libnccl.so.2` at run time), `tcp` (the
+    /// with the `nccl` feature, NCCL's `libnccl.so.2` at run time), `tcp` (the
     /// CPU backend, also for GPU ranks: through host memory), or `auto` (NCCL for a group of
     /// CUDA learners where the binary has it, else TCP).
     #[arg(long, default_value = "auto", value_parser = ["auto", "tcp", "nccl"])]
@@ -84,12 +84,12 @@ fn with_collectives(
             anyhow::bail!("--collectives nccl needs a CUDA learner (--device cuda:N)")
         }
         ("nccl", Some(_)) => true,
-        _ => ordinal.is_some() && spec.world > 1 && cfg!(feature = "cuda-kernels"),
+        _ => ordinal.is_some() && spec.world > 1 && cfg!(feature = "nccl"),
     };
     if !nccl {
         return Ok(group);
     }
-    #[cfg(feature = "cuda-kernels")]
+    #[cfg(feature = "nccl")]
     {
         let nccl = cascade_shared::nccl::NcclGroup::new(
             group,
@@ -99,10 +99,10 @@ fn with_collectives(
         .with_context(|| format!("rank {} of {}: NCCL on {device}", spec.rank, spec.world))?;
         Ok(Box::new(nccl))
     }
-    #[cfg(not(feature = "cuda-kernels"))]
+    #[cfg(not(feature = "nccl"))]
     {
         let _ = (group, timeout_s);
-        anyhow::bail!("--collectives nccl: this binary was built without the cuda-kernels feature")
+        anyhow::bail!("--collectives nccl: this binary was built without the nccl feature")
     }
 }
 
