@@ -295,4 +295,15 @@ fn ranks_with_different_configs_or_bad_placement_are_refused() {
     assert!(!alone.status.success());
     assert!(stderr(&alone).contains(&silent), "{}", stderr(&alone));
     assert!(start.elapsed() < Duration::from_secs(30));
+    // NCCL collectives for a CPU learner: refused, naming the flag, before any training.
+    let nccl = learner(&dir, &["--collectives", "nccl"]).output().unwrap();
+    assert!(!nccl.status.success());
+    assert!(
+        stderr(&nccl).contains("--collectives nccl needs a CUDA learner"),
+        "{}",
+        stderr(&nccl)
+    );
+    let bad = learner(&dir, &["--collectives", "mpi"]).output().unwrap();
+    assert!(!bad.status.success());
+    assert!(stderr(&bad).contains("--collectives"), "{}", stderr(&bad));
 }
