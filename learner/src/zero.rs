@@ -214,6 +214,22 @@ impl ShardedAdamW {
         self.got.iter_mut().for_each(|g| *g = false);
     }
 
+    /// The gradients accumulated since the last flush, laid end to end (zeros where a
+    /// parameter got none) by `flat`, and taken: the parameters that had one are marked.
+    fn take_flat<T: Copy + Default>(
+        &mut self,
+        flat: impl Fn(&Tensor) -> Result<Vec<T>>,
+    ) -> Result<Vec<T>> {
+        let mut out = vec![T::default(); self.total];
+        for (i, p) in self.params.iter_mut().enumerate() {
+            if let Some(g) = p.grad.take() {
+                out[p.range()].copy_from_slice(&flat(&g)?);
+                self.got[i] = true;
+            }
+        }
+        Ok(out)
+    }
+
     /// Reduce-scatters the gradients accumulated since the last flush into this rank's shard
     /// of the step's gradient, and frees them (ZeRO-2: between micro-batches a rank holds
     /// one micro-batch's gradients and a 1/W shard of the sum, not a full f32 accumulator).
@@ -222,25 +238,13 @@ impl ShardedAdamW {
         self.check_group(group)?;
         let part = match self.cfg.grad_accum {
             GradAccum::F32 => {
-                let mut flat = vec![0f32; self.total];
-                for (i, p) in self.params.iter_mut().enumerate() {
-                    if let Some(g) = p.grad.take() {
-                        flat[p.range()].copy_from_slice(&flat_f32(&g)?);
-                        self.got[i] = true;
-                    }
-                }
+                let flat = self.take_flat(flat_f32)?;
                 let mut part = vec![0f32; self.shard.len()];
                 group.reduce_scatter_sum(&flat, &mut part)?;
                 ShardSum::F32(part)
             }
             GradAccum::F64 => {
-                let mut flat = vec![0f64; self.total];
-                for (i, p) in self.params.iter_mut().enumerate() {
-                    if let Some(g) = p.grad.take() {
-                        flat[p.range()].copy_from_slice(&flat_f64(&g)?);
-                        self.got[i] = true;
-                    }
-                }
+                let flat = self.take_flat(flat_f64)?;
                 let mut part = vec![0f64; self.shard.len()];
                 group.reduce_scatter_sum_f64(&flat, &mut part)?;
                 ShardSum::F64(part)

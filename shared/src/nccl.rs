@@ -160,15 +160,18 @@ impl NcclGroup {
     }
 
     /// The pieces of bucket `k`: for each rank, the range of its shard of `len` elements that
-    /// falls in the bucket (possibly empty), relative to the whole buffer.
-    fn bucket(&self, len: usize, k: usize) -> Vec<std::ops::Range<usize>> {
-        (0..self.world)
+    /// falls in the bucket (possibly empty), relative to the whole buffer; and the bucket's
+    /// width per rank (the largest piece). `None` past the last bucket.
+    fn bucket(&self, len: usize, k: usize) -> Option<(Vec<std::ops::Range<usize>>, usize)> {
+        let pieces: Vec<_> = (0..self.world)
             .map(|r| {
                 let s = shard_range(len, r, self.world);
                 let start = (s.start + k * BUCKET).min(s.end);
                 start..(start + BUCKET).min(s.end)
             })
-            .collect()
+            .collect();
+        let width = pieces.iter().map(|p| p.len()).max().unwrap_or(0);
+        (width > 0).then_some((pieces, width))
     }
 
     fn buckets(&self, len: usize) -> usize {
@@ -191,11 +194,9 @@ impl NcclGroup {
             });
         }
         for k in 0..self.buckets(input.len()) {
-            let pieces = self.bucket(input.len(), k);
-            let width = pieces.iter().map(|p| p.len()).max().unwrap_or(0);
-            if width == 0 {
+            let Some((pieces, width)) = self.bucket(input.len(), k) else {
                 break;
-            }
+            };
             let mut send = vec![T::default(); width * self.world];
             for (r, p) in pieces.iter().enumerate() {
                 send[r * width..r * width + p.len()].copy_from_slice(&input[p.clone()]);
@@ -258,11 +259,9 @@ impl Collective for NcclGroup {
             });
         }
         for k in 0..self.buckets(out.len()) {
-            let pieces = self.bucket(out.len(), k);
-            let width = pieces.iter().map(|p| p.len()).max().unwrap_or(0);
-            if width == 0 {
+            let Some((pieces, width)) = self.bucket(out.len(), k) else {
                 break;
-            }
+            };
             let p = &pieces[self.rank];
             let mut send = vec![0f32; width];
             send[..p.len()].copy_from_slice(&shard[p.start - mine.start..p.end - mine.start]);
