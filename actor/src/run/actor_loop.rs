@@ -234,6 +234,8 @@ pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSu
                         (tokens - last_report.1) as f64
                             / last_report.0.elapsed().as_secs_f64().max(1e-9),
                     ),
+                    peak_rss_mb: cascade_shared::metrics::peak_rss_mb(),
+                    peak_heap_mb: cascade_shared::metrics::heap_peak_mb(),
                 });
                 last_report = (Instant::now(), tokens);
             }

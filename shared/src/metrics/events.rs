@@ -388,6 +388,12 @@ pub struct ActorEvent {
     pub tokens: Option<u64>,
     /// Generation throughput over the last reporting interval.
     pub tokens_per_s: Option<f64>,
+    /// Peak host RSS of the actor process so far, MiB.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_rss_mb: Option<f64>,
+    /// Peak bytes its heap has held so far, MiB ([`super::CountingAlloc`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_heap_mb: Option<f64>,
 }
 
 /// Scores of one mode in an [`Eval`] (`by_mode.think`, `by_mode.no_think`).
