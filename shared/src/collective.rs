@@ -156,7 +156,8 @@ impl Collective for Single {
     }
 }
 
-fn check_len(rank: usize, op: &str, got: usize, want: usize) -> Result<()> {
+/// [`CollectiveError::Desync`] unless a buffer of `got` elements is the `want` expected.
+pub(crate) fn check_len(rank: usize, op: &str, got: usize, want: usize) -> Result<()> {
     if got == want {
         Ok(())
     } else {

@@ -24,9 +24,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use cudarc::nccl::result::{NcclError, NcclStatus};
 use cudarc::nccl::safe::{Comm, Id, NcclType, ReduceOp};
 
-use crate::collective::{shard_range, Collective, CollectiveError, Result};
+use crate::collective::{check_len, shard_range, Collective, CollectiveError, Result};
 
 /// Elements per rank in one bucket of a reduce-scatter or all-gather (32 MiB of f64).
 pub const BUCKET: usize = 1 << 22;
@@ -144,6 +145,34 @@ impl NcclGroup {
             .map_err(|e| error(self.rank, op, e))
     }
 
+    /// `send` to the device, `run` (one NCCL operation) into a zeroed `recv_len`-element device
+    /// buffer, a wait for it with the timeout, and the buffer back on the host.
+    fn round_trip<T>(
+        &self,
+        op: &'static str,
+        send: &[T],
+        recv_len: usize,
+        run: impl FnOnce(
+            &Comm,
+            &CudaSlice<T>,
+            &mut CudaSlice<T>,
+        ) -> std::result::Result<NcclStatus, NcclError>,
+    ) -> Result<Vec<T>>
+    where
+        T: DeviceRepr + ValidAsZeroBits + Copy + Default,
+    {
+        let send = self.to_device(op, send)?;
+        let mut recv = self
+            .stream
+            .alloc_zeros::<T>(recv_len)
+            .map_err(|e| error(self.rank, op, e))?;
+        run(&self.comm, &send, &mut recv).map_err(|e| error(self.rank, op, e))?;
+        self.wait(op)?;
+        let mut host = vec![T::default(); recv_len];
+        self.to_host(op, &recv, &mut host)?;
+        Ok(host)
+    }
+
     fn all_reduce<T>(&mut self, op: &'static str, buf: &mut [T]) -> Result<()>
     where
         T: NcclType + DeviceRepr + Copy,
@@ -183,16 +212,7 @@ impl NcclGroup {
         T: NcclType + DeviceRepr + ValidAsZeroBits + Copy + Default,
     {
         let mine = shard_range(input.len(), self.rank, self.world);
-        if out.len() != mine.len() {
-            return Err(CollectiveError::Desync {
-                rank: self.rank,
-                detail: format!(
-                    "{op}: buffer of {} elements where {} were expected",
-                    out.len(),
-                    mine.len()
-                ),
-            });
-        }
+        check_len(self.rank, op, out.len(), mine.len())?;
         for k in 0..self.buckets(input.len()) {
             let Some((pieces, width)) = self.bucket(input.len(), k) else {
                 break;
@@ -201,17 +221,9 @@ impl NcclGroup {
             for (r, p) in pieces.iter().enumerate() {
                 send[r * width..r * width + p.len()].copy_from_slice(&input[p.clone()]);
             }
-            let send = self.to_device(op, &send)?;
-            let mut recv = self
-                .stream
-                .alloc_zeros::<T>(width)
-                .map_err(|e| error(self.rank, op, e))?;
-            self.comm
-                .reduce_scatter(&send, &mut recv, &ReduceOp::Sum)
-                .map_err(|e| error(self.rank, op, e))?;
-            self.wait(op)?;
-            let mut host = vec![T::default(); width];
-            self.to_host(op, &recv, &mut host)?;
+            let host = self.round_trip(op, &send, width, |comm, send, recv| {
+                comm.reduce_scatter(send, recv, &ReduceOp::Sum)
+            })?;
             let p = &pieces[self.rank];
             let local = p.start - mine.start..p.end - mine.start;
             out[local].copy_from_slice(&host[..p.len()]);
@@ -248,16 +260,7 @@ impl Collective for NcclGroup {
     fn all_gather(&mut self, shard: &[f32], out: &mut [f32]) -> Result<()> {
         let op = "all_gather (nccl)";
         let mine = shard_range(out.len(), self.rank, self.world);
-        if shard.len() != mine.len() {
-            return Err(CollectiveError::Desync {
-                rank: self.rank,
-                detail: format!(
-                    "{op}: shard of {} elements where {} were expected",
-                    shard.len(),
-                    mine.len()
-                ),
-            });
-        }
+        check_len(self.rank, op, shard.len(), mine.len())?;
         for k in 0..self.buckets(out.len()) {
             let Some((pieces, width)) = self.bucket(out.len(), k) else {
                 break;
@@ -265,17 +268,9 @@ impl Collective for NcclGroup {
             let p = &pieces[self.rank];
             let mut send = vec![0f32; width];
             send[..p.len()].copy_from_slice(&shard[p.start - mine.start..p.end - mine.start]);
-            let send = self.to_device(op, &send)?;
-            let mut recv = self
-                .stream
-                .alloc_zeros::<f32>(width * self.world)
-                .map_err(|e| error(self.rank, op, e))?;
-            self.comm
-                .all_gather(&send, &mut recv)
-                .map_err(|e| error(self.rank, op, e))?;
-            self.wait(op)?;
-            let mut host = vec![0f32; width * self.world];
-            self.to_host(op, &recv, &mut host)?;
+            let host = self.round_trip(op, &send, width * self.world, |comm, send, recv| {
+                comm.all_gather(send, recv)
+            })?;
             for (r, p) in pieces.iter().enumerate() {
                 out[p.clone()].copy_from_slice(&host[r * width..r * width + p.len()]);
             }

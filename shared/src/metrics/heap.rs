@@ -85,11 +85,6 @@ pub fn heap_peak_mb() -> Option<f64> {
     }
 }
 
-/// Bytes held by the heap now, MiB; `None` without [`CountingAlloc`].
-pub fn heap_in_use_mb() -> Option<f64> {
-    heap_peak_mb().map(|_| mib(IN_USE.load(Relaxed)))
-}
-
 /// Starts a new peak from what is held now.
 pub fn reset_heap_peak() {
     PEAK.store(IN_USE.load(Relaxed), Relaxed);

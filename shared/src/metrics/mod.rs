@@ -81,7 +81,7 @@ pub use events::{
     ReplayErrorEvent, ReplaySkip, Resume, RmDone, RmStep, RunEnd, RunStart, SftStep, Snapshot,
     StageEnd, Warning,
 };
-pub use heap::{heap_in_use_mb, heap_peak_mb, reset_heap_peak, CountingAlloc};
+pub use heap::{heap_peak_mb, reset_heap_peak, CountingAlloc};
 pub use heldout::{HeldoutRow, HeldoutTable, StageGain, HELDOUT_FILE};
 pub use log::{read_events, unix_now, MetricsLog, METRICS_FILE};
 pub use memory::{
