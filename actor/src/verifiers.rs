@@ -12,6 +12,7 @@ use candle_core::Device;
 use cascade_rewards::code::{CodeConfig, SandboxConfig};
 use cascade_rewards::ifeval::{IfEvalConfig, IfEvalMode};
 use cascade_rewards::math::MathConfig;
+use cascade_rewards::swe::{LexicalFallback, SemanticScorer, TestScorer};
 use cascade_rewards::{
     CodeVerifier, IfEvalVerifier, MathVerifier, Reward, SplitResponse, SweVerifier, Verifier,
     VerifyError,
@@ -90,6 +91,17 @@ impl Verifier for RmBlend {
     }
 }
 
+/// The code sandbox's settings of a stage (its code verifier, and the SWE test scorer).
+fn code_config(v: &VerifierConfig) -> CodeConfig {
+    CodeConfig {
+        default_timeout_s: v.code_timeout_s,
+        sandbox: SandboxConfig {
+            address_space_bytes: v.code_memory_mb.saturating_mul(1 << 20),
+            ..SandboxConfig::default()
+        },
+    }
+}
+
 /// The stage kind's own verifier, without the reward-model blend.
 fn rule_verifier_for(
     kind: StageKind,
@@ -112,19 +124,20 @@ fn rule_verifier_for(
             ..IfEvalConfig::default()
         })),
         StageKind::Code => Arc::new(
-            CodeVerifier::new(CodeConfig {
-                default_timeout_s: v.code_timeout_s,
-                sandbox: SandboxConfig {
-                    address_space_bytes: v.code_memory_mb.saturating_mul(1 << 20),
-                    ..SandboxConfig::default()
-                },
-            })
-            .map_err(|e| ActorError::Invalid(format!("code verifier: {e}")))?,
+            CodeVerifier::new(code_config(v))
+                .map_err(|e| ActorError::Invalid(format!("code verifier: {e}")))?,
         ),
-        StageKind::Swe => match judge_dir {
-            Some(dir) => Arc::new(SweVerifier::new(Box::new(JudgeScorer::load(dir, device)?))),
-            None => Arc::new(SweVerifier::default()),
-        },
+        StageKind::Swe => {
+            let semantic: Box<dyn SemanticScorer> = match judge_dir {
+                Some(dir) => Box::new(JudgeScorer::load(dir, device)?),
+                None => Box::new(LexicalFallback),
+            };
+            Arc::new(SweVerifier::new(if v.swe_tests {
+                Box::new(TestScorer::new(code_config(v), semantic))
+            } else {
+                semantic
+            }))
+        }
         StageKind::Rlhf => {
             let dir = rm_dir.ok_or_else(|| {
                 ActorError::Invalid("the rlhf verifier needs a reward model".into())

@@ -27,7 +27,8 @@
 //! their `-heldout.jsonl` twins, then `MANIFEST.json` (see [`write_tiny`]). Formats are those of
 //! the actor's dataset loader and the verifiers: `prompt` plus `answer` (math),
 //! `instruction_id_list` + `kwargs` (if, IFEval's JSONL format), `test_code` + `entry_point`
-//! (code, HumanEval style), `gold_patch` (swe), nothing extra (rlhf); every line has an `id`.
+//! (code, HumanEval style), `gold_patch` plus the repository and its test (`files`, `test_code`, `entry_point`; swe),
+//! nothing extra (rlhf); every line has an `id`.
 //!
 //! # Determinism and held-out disjointness
 //! Everything is drawn from ChaCha8 streams seeded by the run seed, one stream per (domain,
@@ -59,7 +60,7 @@ pub use common::{Domain, Mode, Task, MAX_PROMPT_BYTES};
 use common::{draw_excluding, draw_unique, stream, Purpose};
 
 /// Bumped whenever the generated data changes for a given seed and sizes.
-pub const GENERATOR_VERSION: u32 = 5;
+pub const GENERATOR_VERSION: u32 = 6;
 
 /// Name of the manifest, written last.
 pub const MANIFEST: &str = "MANIFEST.json";

@@ -9,6 +9,14 @@
 //! with `--- ` (code held-out fell from 0.84 to 0.33 in one run, measured on 96 prompts × 4
 //! samples), and the code stage pulled SWE answers the other way.
 //!
+//! Each row also carries the repository (`files`: `f.py` before the fix) and the code domain's
+//! `check(candidate)` test (`test_code`, `entry_point`), so the SWE reward's semantic score can
+//! run the test on the patched file (`cascade_rewards::swe::TestScorer`): a patch that is not
+//! the gold scores 1 if it fixes the function, 0 if not. Without them the semantic score is the
+//! lexical ratio, which gives a one-character near miss (`return x + 2` for `return x * 2`)
+//! 0.97: after SFT the tiny model fixed 18 % of held-out bugs and scored 0.90, so the SWE stage
+//! had almost nothing to learn from and no room to show it.
+//!
 //! Every task patches the same file, `f.py` (the file of the function `f`). With six file names
 //! drawn at random, the tiny model never learned to copy the name from the prompt (the diff's
 //! path was right in 18 % of samples, chance is 17 %), and a patch to the wrong path scores 0,
@@ -51,6 +59,11 @@ fn sample_any(rng: &mut ChaCha8Rng) -> Task {
     let gold = patch(file, &bug, &fix);
     let mut reference = Map::new();
     reference.insert("gold_patch".into(), Value::from(gold.clone()));
+    let mut files = Map::new();
+    files.insert(file.into(), Value::from(source.clone()));
+    reference.insert("files".into(), Value::Object(files));
+    reference.insert("test_code".into(), Value::from(spec.test_code()));
+    reference.insert("entry_point".into(), Value::from(spec.name.clone()));
     Task {
         domain: Domain::Swe,
         prompt: format!("{header}\n{}", source.trim_end()),

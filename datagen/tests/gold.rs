@@ -8,6 +8,7 @@ use cascade_datagen::code::FnSpec;
 use cascade_datagen::common::{stream, Purpose};
 use cascade_datagen::{generate, write_tiny, Domain, Mode, Task, TinyData, TinySizes};
 use cascade_rewards::code::CodeConfig;
+use cascade_rewards::swe::{LexicalFallback, TestScorer};
 use cascade_rewards::{CodeVerifier, IfEvalVerifier, MathVerifier, SweVerifier, Verifier};
 use cascade_shared::chat::split_response;
 use serde_json::Value;
@@ -17,7 +18,18 @@ fn verifier(d: Domain) -> Option<Box<dyn Verifier>> {
         Domain::Rlhf => None,
         Domain::If => Some(Box::new(IfEvalVerifier::default())),
         Domain::Math => Some(Box::new(MathVerifier::default())),
-        Domain::Swe => Some(Box::new(SweVerifier::default())),
+        // The test scorer runs the row's check on the patched file (what the tiny default
+        // uses); without a sandbox the semantic score is the lexical ratio.
+        Domain::Swe => match CodeVerifier::new(CodeConfig::default()) {
+            Ok(_) => Some(Box::new(SweVerifier::new(Box::new(TestScorer::new(
+                CodeConfig::default(),
+                Box::new(LexicalFallback),
+            ))))),
+            Err(e) => {
+                eprintln!("SKIPPED SWE test scoring: the sandbox cannot run here: {e}");
+                Some(Box::new(SweVerifier::default()))
+            }
+        },
         Domain::Code => match CodeVerifier::new(CodeConfig::default()) {
             Ok(v) => Some(Box::new(v)),
             Err(e) => {
@@ -182,10 +194,15 @@ fn bug_expressions_fail_the_tests() {
     }
 }
 
-/// Near-miss patches (a different return line) score below 1 and an unparsable one −1.
+/// Near-miss patches (a different return line) score below 1 and an unparsable one −1; with the
+/// test scorer (the row's repository and check) a near miss that fixes nothing scores 0, where
+/// the lexical ratio gives it more than 0.9, and a patch writing the gold expression
+/// differently (`x + 3` as `(x) + 3`) scores 1.
 #[test]
 fn swe_near_misses_score_below_one() {
-    let v = SweVerifier::default();
+    let lexical = SweVerifier::default();
+    let tests = verifier(Domain::Swe).unwrap();
+    let sandbox = CodeVerifier::new(CodeConfig::default()).is_ok();
     let data = generate(5, &TinySizes::default()).unwrap();
     for task in data.heldout[&Domain::Swe].iter() {
         let reference = task.line(0);
@@ -193,9 +210,22 @@ fn swe_near_misses_score_below_one() {
         let fixed_line = gold.lines().last().unwrap();
         let buggy_line = gold.lines().nth(3).unwrap();
         let keep_bug = gold.replace(fixed_line, &format!("+{}", &buggy_line[1..]));
-        let r = score(&v, &reference, &format!("```diff\n{keep_bug}```"));
-        assert!(r < 1.0, "{keep_bug}");
-        assert_eq!(score(&v, &reference, "```diff\nnot a diff\n```"), -1.0);
-        assert_eq!(score(&v, &reference, ""), 0.0);
+        let keep_bug = format!("```diff\n{keep_bug}```");
+        let r = score(&lexical, &reference, &keep_bug);
+        assert!(r < 1.0 && r > 0.5, "{keep_bug}: {r}");
+        for v in [&lexical as &dyn Verifier, tests.as_ref()] {
+            assert_eq!(score(v, &reference, "```diff\nnot a diff\n```"), -1.0);
+            assert_eq!(score(v, &reference, ""), 0.0);
+        }
+        if sandbox {
+            assert_eq!(
+                score(tests.as_ref(), &reference, &keep_bug),
+                0.0,
+                "{keep_bug}"
+            );
+            let expr = fixed_line.trim_start_matches("+    return ");
+            let same = gold.replace(fixed_line, &format!("+    return ({expr})"));
+            assert_eq!(score(tests.as_ref(), &reference, &same), 1.0, "{same}");
+        }
     }
 }

@@ -94,10 +94,11 @@ fn domain_of(reference: &serde_json::Value) -> StageKind {
         StageKind::Math
     } else if has("instruction_id_list") {
         StageKind::If
+    } else if has("gold_patch") {
+        // Before the code fields: an SWE row may carry its repository's test (`test_code`).
+        StageKind::Swe
     } else if has("tests") || has("call_tests") || has("test_code") {
         StageKind::Code
-    } else if has("gold_patch") {
-        StageKind::Swe
     } else {
         StageKind::Rlhf
     }

@@ -7,6 +7,7 @@ use anyhow::Context;
 use cascade_actor::judge::JudgeScorer;
 use cascade_actor::reward_model::RewardModel;
 use cascade_rewards::code::{CodeConfig, SandboxConfig};
+use cascade_rewards::swe::{LexicalFallback, SemanticScorer, TestScorer};
 use cascade_rewards::{CodeVerifier, Scorer, SweVerifier};
 use cascade_shared::device::parse_device;
 use clap::Args;
@@ -17,7 +18,9 @@ use clap::Args;
 /// Output lines, in input order: `{"line": n, "domain": d, "reward": r, "details": {...}}`, or
 /// `{"line": n, ..., "reward": null, "error": "..."}` for a line that could not be scored.
 /// Exit code 0 when every line was scored, 2 when some lines were reported as errors.
-/// `swe` lines get their semantic score from `--judge DIR` (else the lexical fallback); `rm`
+/// `swe` lines that carry their repository and a test (`files`, `test_code`, `entry_point`) get
+/// their semantic score by running it on the patched file; others from `--judge DIR` (else the
+/// lexical fallback); `rm`
 /// lines need `--reward-model DIR` (else each is an error line).
 #[derive(Args, Debug)]
 pub struct ScoreArgs {
@@ -64,14 +67,6 @@ fn build_scorer(args: &ScoreArgs) -> anyhow::Result<Scorer> {
     } else {
         None
     };
-    match (&args.judge, &device) {
-        (Some(dir), Some(device)) => {
-            let judge = JudgeScorer::load(dir, device)
-                .with_context(|| format!("loading the judge model {}", dir.display()))?;
-            scorer.register("swe", Box::new(SweVerifier::new(Box::new(judge))));
-        }
-        _ => scorer.register("swe", Box::new(SweVerifier::default())),
-    }
     let code = CodeConfig {
         sandbox: SandboxConfig {
             python: args.python.clone(),
@@ -79,6 +74,22 @@ fn build_scorer(args: &ScoreArgs) -> anyhow::Result<Scorer> {
         },
         default_timeout_s: args.code_timeout_s,
     };
+    let semantic: Box<dyn SemanticScorer> = match (&args.judge, &device) {
+        (Some(dir), Some(device)) => Box::new(
+            JudgeScorer::load(dir, device)
+                .with_context(|| format!("loading the judge model {}", dir.display()))?,
+        ),
+        _ => Box::new(LexicalFallback),
+    };
+    // Rows that carry their repository and a test are scored by running it (see
+    // `cascade_rewards::swe::execute`); the sandbox is probed only when one does.
+    scorer.register(
+        "swe",
+        Box::new(SweVerifier::new(Box::new(TestScorer::new(
+            code.clone(),
+            semantic,
+        )))),
+    );
     // Probing the sandbox prints one line saying what is isolated on this machine.
     match CodeVerifier::new(code) {
         Ok(v) => scorer.register("code", Box::new(v)),

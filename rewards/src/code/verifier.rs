@@ -67,6 +67,27 @@ impl CodeVerifier {
         &self.sandbox
     }
 
+    /// Runs a HumanEval-style `check(candidate)` (`test_code`) against `entry_point` of the
+    /// Python program `code`, in the sandbox: reward 1 when it passes, else 0. `timeout_s`
+    /// overrides the configured default. What the SWE verifier's test scorer runs on a patched
+    /// file.
+    pub fn check_program(
+        &self,
+        code: &str,
+        test_code: &str,
+        entry_point: &str,
+        timeout_s: Option<f64>,
+    ) -> Result<Reward, VerifyError> {
+        if !is_identifier(entry_point) {
+            return Err(VerifyError::BadReference {
+                field: "entry_point".into(),
+                problem: format!("not a Python identifier: {entry_point:?}"),
+            });
+        }
+        let timeout = timeout_s.map_or(self.default_timeout, secs);
+        self.function_test(code, test_code, entry_point, timeout)
+    }
+
     fn function_test(
         &self,
         code: &str,

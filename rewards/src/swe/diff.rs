@@ -77,6 +77,101 @@ impl Patch {
     }
 }
 
+/// Why a patch does not apply to a file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{path}, hunk {hunk}: {problem}")]
+pub struct ApplyError {
+    /// The file.
+    pub path: String,
+    /// 1-based hunk number within the file's hunks.
+    pub hunk: usize,
+    /// What did not match.
+    pub problem: String,
+}
+
+impl FilePatch {
+    /// Applies the hunks to `text`, the file before the patch, as `git apply` does without
+    /// fuzz: a hunk's context and removed lines must all be in the file, in order (trailing
+    /// whitespace is ignored), at the line its header names (shifted by what earlier hunks
+    /// added or removed) or else at the nearest line that matches, never before the end of the
+    /// previous hunk. The result ends with a newline when the file did or the patch added lines
+    /// at its end.
+    pub fn apply(&self, text: &str) -> Result<String, ApplyError> {
+        let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+        let ends_with_newline = text.is_empty() || text.ends_with('\n');
+        let mut floor = 0usize;
+        let mut shift = 0isize;
+        for (h, hunk) in self.hunks.iter().enumerate() {
+            let err = |problem: String| ApplyError {
+                path: self.path.clone(),
+                hunk: h + 1,
+                problem,
+            };
+            let old: Vec<&str> = hunk
+                .lines
+                .iter()
+                .filter(|l| !l.starts_with('+'))
+                .map(|l| l[1..].trim_end())
+                .collect();
+            // `@@ -0,0` inserts before the first line; `@@ -l,0` inserts after line l.
+            let named = if old.is_empty() {
+                hunk.old_start
+            } else {
+                hunk.old_start.saturating_sub(1)
+            };
+            let expected = (named as isize + shift).max(floor as isize) as usize;
+            let fits = |at: usize| {
+                at + old.len() <= lines.len()
+                    && old
+                        .iter()
+                        .zip(&lines[at..])
+                        .all(|(o, l)| *o == l.trim_end())
+            };
+            if old.is_empty() && expected > lines.len() {
+                return Err(err(format!(
+                    "inserts after line {expected}, past the file's {} lines",
+                    lines.len()
+                )));
+            }
+            let last = lines.len().saturating_sub(old.len());
+            let at = (0..=lines.len())
+                .flat_map(|d| [expected.checked_add(d), expected.checked_sub(d)])
+                .flatten()
+                .filter(|&at| at >= floor && at <= last)
+                .find(|&at| fits(at))
+                .ok_or_else(|| {
+                    err(format!(
+                        "its {} context/removed line(s) are not in the file (expected at line {})",
+                        old.len(),
+                        expected + 1
+                    ))
+                })?;
+            // Context lines keep the file's text (its trailing whitespace included).
+            let mut new = Vec::with_capacity(hunk.lines.len());
+            let mut k = at;
+            for l in &hunk.lines {
+                match l.as_bytes().first() {
+                    Some(b'+') => new.push(l[1..].to_string()),
+                    Some(b'-') => k += 1,
+                    _ => {
+                        new.push(lines[k].clone());
+                        k += 1;
+                    }
+                }
+            }
+            let added = new.len();
+            lines.splice(at..at + old.len(), new);
+            shift += added as isize - old.len() as isize;
+            floor = at + added;
+        }
+        let mut out = lines.join("\n");
+        if ends_with_newline && !lines.is_empty() {
+            out.push('\n');
+        }
+        Ok(out)
+    }
+}
+
 fn strip_path(raw: &str) -> String {
     // `--- a/x.py\t2024-01-01 ...`: drop the timestamp, then the one-letter side prefix.
     let p = raw.split('\t').next().unwrap_or("").trim();
@@ -240,6 +335,51 @@ mod tests {
         assert!(parse("--- a/x\n+++ b/x\n@@ -1,2 +1,2 @@\n-a\n+b\n").is_err());
         assert!(parse("--- a/x\n+++ b/x\n").is_err());
         assert!(parse("--- a/x\n@@ -1 +1 @@\n").is_err());
+    }
+
+    #[test]
+    fn applies_hunks_where_they_match() {
+        let file = "def f(x):\n    return x - 3\n\ndef g():\n    pass\n";
+        let p =
+            parse("--- a/f.py\n+++ b/f.py\n@@ -2 +2 @@\n-    return x - 3\n+    return x + 3\n")
+                .unwrap();
+        assert_eq!(
+            p.files[0].apply(file).unwrap(),
+            "def f(x):\n    return x + 3\n\ndef g():\n    pass\n"
+        );
+        // A wrong line number is found at the nearest match; trailing spaces are ignored.
+        let p = parse("--- a/f.py\n+++ b/f.py\n@@ -4,2 +4,3 @@\n def g():  \n-    pass\n+    x = 1\n+    return x\n")
+            .unwrap();
+        assert_eq!(
+            p.files[0].apply(file).unwrap(),
+            "def f(x):\n    return x - 3\n\ndef g():\n    x = 1\n    return x\n"
+        );
+        // Two hunks: the second one's header counts the first one's added line.
+        let p = parse("--- a/f.py\n+++ b/f.py\n@@ -1 +1,2 @@\n def f(x):\n+    y = x\n@@ -5 +6 @@\n-    pass\n+    return 0\n")
+            .unwrap();
+        assert_eq!(
+            p.files[0].apply(file).unwrap(),
+            "def f(x):\n    y = x\n    return x - 3\n\ndef g():\n    return 0\n"
+        );
+        // Insertion into an empty file (a new file).
+        let p = parse("--- /dev/null\n+++ b/n.py\n@@ -0,0 +1 @@\n+x = 1\n").unwrap();
+        assert_eq!(p.files[0].apply("").unwrap(), "x = 1\n");
+    }
+
+    #[test]
+    fn refuses_hunks_that_do_not_match() {
+        let file = "def f(x):\n    return x - 3\n";
+        // The removed line is not in the file (the model misread the bug).
+        let p =
+            parse("--- a/f.py\n+++ b/f.py\n@@ -2 +2 @@\n-    return x * 3\n+    return x + 3\n")
+                .unwrap();
+        let e = p.files[0].apply(file).unwrap_err();
+        assert_eq!((e.path.as_str(), e.hunk), ("f.py", 1));
+        assert!(e.to_string().contains("not in the file"), "{e}");
+        // Hunks apply in order: the second may not match before the end of the first.
+        let p = parse("--- a/f.py\n+++ b/f.py\n@@ -2 +2 @@\n-    return x - 3\n+    return x\n@@ -1 +1 @@\n-def f(x):\n+def g(x):\n")
+            .unwrap();
+        assert!(p.files[0].apply(file).is_err());
     }
 
     #[test]

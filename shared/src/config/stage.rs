@@ -118,6 +118,11 @@ pub struct VerifierConfig {
     /// empty, unparsable nor identical to the gold is the judge's P(YES) to "do these two
     /// patches fix the same issue?"; without a judge it falls back to the lexical ratio.
     pub swe_judge: Option<PathBuf>,
+    /// SWE: for rows that carry their repository and a test (`files`, `test_code`,
+    /// `entry_point`), the semantic score is whether the patched repository passes the test
+    /// (1 or 0, run in the code sandbox under `code_timeout_s` and `code_memory_mb`) instead of
+    /// the judge's or the lexical ratio; other rows still go to the judge or the lexical ratio.
+    pub swe_tests: bool,
     /// Reward-model checkpoint directory (RLHF; IF when `rm_weight` > 0).
     pub reward_model: Option<PathBuf>,
     /// Verifiable stages (if, math, code, swe): weight of the reward model's score of the final
@@ -137,6 +142,7 @@ impl Default for VerifierConfig {
             code_timeout_s: 10.0,
             code_memory_mb: 1024,
             swe_judge: None,
+            swe_tests: true,
             reward_model: None,
             rm_weight: 0.0,
             rule_weight: 1.0,
