@@ -8,7 +8,7 @@
 //! think/no-think mix, with a seed that is the same for every model evaluated, so rows of the
 //! held-out table differ only by the weights.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use cascade_rewards::Verifier;
@@ -223,26 +223,56 @@ pub fn evaluate(
             skipped.len()
         );
     }
-    // Verify in parallel (the code sandbox takes a while per sample).
-    let scored: Vec<(usize, f32, usize, bool, String)> = finished
-        .par_iter()
+    let texts: Vec<String> = finished
+        .iter()
         .map(|f| {
-            let text = chat
-                .tokenizer()
+            chat.tokenizer()
                 .decode(&f.response_ids, true)
-                .unwrap_or_default();
-            let (reward, err) = match verifier.verify(
-                &prompts[f.job.tag as usize].reference,
-                &split_response(&text),
-            ) {
+                .unwrap_or_default()
+        })
+        .collect();
+    // A prompt's samples often repeat one another word for word (the tiny default's code
+    // held-out: 137 distinct responses in 384 samples); each distinct (prompt, response) is
+    // verified once, in parallel (the code sandbox takes a while per sample).
+    let mut distinct: HashMap<(usize, &str), usize> = HashMap::new();
+    let mut keys = Vec::new();
+    let which: Vec<usize> = finished
+        .iter()
+        .zip(&texts)
+        .map(|(f, text)| {
+            let key = (f.job.tag as usize, text.as_str());
+            *distinct.entry(key).or_insert_with(|| {
+                keys.push(key);
+                keys.len() - 1
+            })
+        })
+        .collect();
+    let verdicts: Vec<(f32, bool)> = keys
+        .par_iter()
+        .map(
+            |&(tag, text)| match verifier.verify(&prompts[tag].reference, &split_response(text)) {
                 Ok(r) if r.reward.is_finite() => (r.reward, false),
                 Ok(_) => (0.0, true),
                 Err(e) => {
-                    tracing::warn!("eval: prompt {}: {e}", f.job.prompt_id);
+                    tracing::warn!("eval: prompt {}: {e}", prompts[tag].id);
                     (0.0, true)
                 }
-            };
-            (f.job.tag as usize, reward, f.response_ids.len(), err, text)
+            },
+        )
+        .collect();
+    let scored: Vec<(usize, f32, usize, bool, String)> = finished
+        .iter()
+        .zip(texts.iter())
+        .zip(which)
+        .map(|((f, text), k)| {
+            let (reward, err) = verdicts[k];
+            (
+                f.job.tag as usize,
+                reward,
+                f.response_ids.len(),
+                err,
+                text.clone(),
+            )
         })
         .collect();
     let mut outcomes: Vec<Outcome> = modes

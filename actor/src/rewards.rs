@@ -7,7 +7,7 @@
 //! sample channel fills and [`RewardPipeline::submit`] blocks the decode loop.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -34,6 +34,33 @@ pub struct GroupContext {
     pub reference: serde_json::Value,
     /// The stage's verifier.
     pub verifier: Arc<dyn Verifier>,
+    /// Rewards of the responses scored so far, by response tokens: a group's samples often
+    /// repeat one another word for word, and each distinct response is verified once (a code
+    /// or SWE check is a sandboxed Python run).
+    verdicts: Mutex<HashMap<Vec<u32>, Verdict>>,
+}
+
+/// A scored response: its reward and breakdown.
+type Verdict = (f32, Vec<(String, f32)>);
+
+impl GroupContext {
+    /// The context of one prompt's group.
+    pub fn new(
+        stage: StageKind,
+        stage_index: u32,
+        actor_id: u32,
+        reference: serde_json::Value,
+        verifier: Arc<dyn Verifier>,
+    ) -> Self {
+        Self {
+            stage,
+            stage_index,
+            actor_id,
+            reference,
+            verifier,
+            verdicts: Mutex::new(HashMap::new()),
+        }
+    }
 }
 
 impl std::fmt::Debug for GroupContext {
@@ -175,12 +202,40 @@ fn breakdown(name: &str, reward: f32, details: &serde_json::Value) -> Vec<(Strin
     out
 }
 
-/// Scores one sample (never fails: a malformed reference scores 0 and is flagged).
+/// Scores one sample; a response its group has already had is not verified again.
 fn score(task: &ScoreTask, detok: &Detokenize) -> Sample {
     let start = Instant::now();
     let f = &task.sample;
+    let verdicts = || task.ctx.verdicts.lock().unwrap_or_else(|e| e.into_inner());
+    let known = verdicts().get(&f.response_ids).cloned();
+    let (reward, parts) = match known {
+        Some(v) => v,
+        None => {
+            let v = verify(task, detok);
+            verdicts().insert(f.response_ids.clone(), v.clone());
+            v
+        }
+    };
+    Sample {
+        response_ids: f.response_ids.clone(),
+        behaviour_logprobs: f.logprobs.clone(),
+        policy_versions: f.versions.clone(),
+        finish_reason: f.finish_reason,
+        reward,
+        reward_breakdown: parts,
+        timing: SampleTiming {
+            generate_ms: f.generate_ms,
+            reward_ms: start.elapsed().as_secs_f32() * 1e3,
+        },
+    }
+}
+
+/// Decodes and verifies one response (never fails: a malformed reference scores 0 and is
+/// flagged).
+fn verify(task: &ScoreTask, detok: &Detokenize) -> Verdict {
+    let f = &task.sample;
     let verifier = &task.ctx.verifier;
-    let (reward, parts) = match detok(&f.response_ids) {
+    match detok(&f.response_ids) {
         Err(e) => {
             tracing::warn!("prompt {}: response does not decode: {e}", f.job.prompt_id);
             (
@@ -221,18 +276,6 @@ fn score(task: &ScoreTask, detok: &Detokenize) -> Sample {
                     ],
                 )
             }
-        },
-    };
-    Sample {
-        response_ids: f.response_ids.clone(),
-        behaviour_logprobs: f.logprobs.clone(),
-        policy_versions: f.versions.clone(),
-        finish_reason: f.finish_reason,
-        reward,
-        reward_breakdown: parts,
-        timing: SampleTiming {
-            generate_ms: f.generate_ms,
-            reward_ms: start.elapsed().as_secs_f32() * 1e3,
         },
     }
 }

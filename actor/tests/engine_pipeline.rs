@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use candle_core::Device;
-use cascade_actor::engine::{Engine, GenParams, Job};
+use cascade_actor::engine::{Engine, Finished, GenParams, Job};
 use cascade_actor::rewards::{Detokenize, GroupContext, RewardPipeline, ScoreTask};
 use cascade_actor::run::{choose_mode, run_actor_with, ActorOptions, RolloutOverrides};
 use cascade_actor::sampler::SamplingParams;
@@ -16,7 +16,7 @@ use cascade_replay::ReaderOptions;
 use cascade_rewards::{Reward, SplitResponse, Verifier, VerifyError};
 use cascade_shared::config::RunConfig;
 use cascade_shared::transport::{ReplaySource, RolloutSink, RolloutSource, TransportError};
-use cascade_shared::{Mode, RolloutGroup, StageKind};
+use cascade_shared::{FinishReason, Mode, RolloutGroup, StageKind, VersionSpan};
 
 /// Reward = number of characters of the answer; rejects references without `ok`.
 struct LenVerifier;
@@ -91,13 +91,13 @@ fn the_reward_pool_assembles_groups() {
         } else {
             serde_json::json!({"ok": true})
         };
-        ctxs.push(Arc::new(GroupContext {
-            stage: StageKind::If,
-            stage_index: 2,
-            actor_id: 5,
+        ctxs.push(Arc::new(GroupContext::new(
+            StageKind::If,
+            2,
+            5,
             reference,
-            verifier: Arc::new(LenVerifier),
-        }));
+            Arc::new(LenVerifier),
+        )));
     }
     for f in engine.run_to_completion().unwrap() {
         let ctx = ctxs[f.job.tag as usize].clone();
@@ -137,6 +137,92 @@ fn the_reward_pool_assembles_groups() {
             }
         }
     }
+}
+
+/// Counts its calls; reward = the answer's length.
+#[derive(Default)]
+struct CountingVerifier(std::sync::atomic::AtomicUsize);
+
+impl Verifier for CountingVerifier {
+    fn name(&self) -> &'static str {
+        "counting"
+    }
+    fn verify(
+        &self,
+        _reference: &serde_json::Value,
+        response: &SplitResponse<'_>,
+    ) -> Result<Reward, VerifyError> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(Reward {
+            reward: response.full.len() as f32,
+            details: serde_json::Value::Null,
+        })
+    }
+}
+
+/// A response a group has already had is not verified again, and gets the same reward.
+#[test]
+fn repeated_responses_of_a_group_are_verified_once() {
+    let sink = MemSink::default();
+    let detok: Detokenize = Arc::new(|ids: &[u32]| {
+        Ok::<String, String>(
+            ids.iter()
+                .map(|i| char::from(b'a' + (i % 26) as u8))
+                .collect(),
+        )
+    });
+    // One worker: with several, two copies scored at the same moment may both be verified.
+    let pool = RewardPipeline::start(1, 8, detok, Box::new(sink.clone())).unwrap();
+    let verifier = Arc::new(CountingVerifier::default());
+    let responses: [&[u32]; 5] = [&[1, 2, 3], &[1, 2, 3], &[4], &[1, 2, 3], &[4]];
+    let job = Arc::new(Job {
+        tag: 0,
+        prompt_id: 7,
+        prompt_ids: vec![1],
+        mode: Mode::NoThink,
+        group_size: responses.len(),
+        params: GenParams {
+            sampling: SamplingParams {
+                temperature: 1.0,
+                top_k: None,
+                top_p: None,
+            },
+            max_new_tokens: 4,
+            seed: 0,
+        },
+    });
+    let ctx = Arc::new(GroupContext::new(
+        StageKind::Code,
+        0,
+        0,
+        serde_json::json!({}),
+        verifier.clone(),
+    ));
+    for (i, ids) in responses.iter().enumerate() {
+        let sample = Finished {
+            job: job.clone(),
+            sample_index: i,
+            response_ids: ids.to_vec(),
+            logprobs: vec![-1.0; ids.len()],
+            versions: vec![VersionSpan {
+                start_token: 0,
+                version: 0,
+            }],
+            finish_reason: FinishReason::Stop,
+            generate_ms: 0.0,
+        };
+        pool.submit(ScoreTask {
+            sample,
+            ctx: ctx.clone(),
+        })
+        .unwrap();
+    }
+    let stats = pool.finish().unwrap();
+    assert_eq!((stats.groups, stats.samples), (1, 5));
+    assert_eq!(verifier.0.load(std::sync::atomic::Ordering::SeqCst), 2);
+    let groups = sink.0.lock().unwrap().clone();
+    let rewards: Vec<f32> = groups[0].samples.iter().map(|s| s.reward).collect();
+    assert_eq!(rewards, [3.0, 3.0, 1.0, 3.0, 1.0]);
 }
 
 #[test]

@@ -203,13 +203,13 @@ pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSu
                     },
                 };
                 if engine.submit(job)? {
-                    let ctx = GroupContext {
-                        stage: stage.config.kind,
+                    let ctx = GroupContext::new(
+                        stage.config.kind,
                         stage_index,
-                        actor_id: opts.actor_id,
-                        reference: rec.reference,
-                        verifier: stage.verifier.clone(),
-                    };
+                        opts.actor_id,
+                        rec.reference,
+                        stage.verifier.clone(),
+                    );
                     contexts.insert(tag, (Arc::new(ctx), stage.group_size));
                     submitted += 1;
                 } else {
