@@ -94,3 +94,52 @@ fn patched_code_runs_in_the_sandbox() {
         r.details
     );
 }
+
+/// `FilePatch::apply` against `git apply --unidiff-zero` (git writes most of the patches a SWE
+/// dataset holds) on the same files and patches: both apply or both refuse, and when they
+/// apply the files are byte-identical. Skipped, saying so, where git is not installed.
+#[test]
+fn patches_apply_as_git_applies_them() {
+    use cascade_rewards::swe::parse_diff;
+    use std::process::Command;
+    if Command::new("git").arg("--version").output().is_err() {
+        eprintln!("SKIPPED: git is not installed");
+        return;
+    }
+    let file = "import os\n\ndef f(x):\n    return x - 3\n\ndef g(a, b):\n    if a:\n        return b\n    return a\n\nX = 1\n";
+    let cases: &[(&str, &str)] = &[
+        ("exact", "@@ -4 +4 @@\n-    return x - 3\n+    return x + 3\n"),
+        ("context", "@@ -3,2 +3,2 @@\n def f(x):\n-    return x - 3\n+    return x + 3\n"),
+        ("line number off by two", "@@ -6,2 +6,2 @@\n def f(x):\n-    return x - 3\n+    return x + 3\n"),
+        ("two hunks", "@@ -4 +4,2 @@\n-    return x - 3\n+    y = x + 3\n+    return y\n@@ -11 +12 @@\n-X = 1\n+X = 2\n"),
+        ("insertion", "@@ -1,0 +2 @@\n+import sys\n"),
+        ("deletion", "@@ -10,2 +9,0 @@\n-\n-X = 1\n"),
+        ("wrong removed line", "@@ -4 +4 @@\n-    return x * 3\n+    return x + 3\n"),
+        ("wrong context", "@@ -3,2 +3,2 @@\n def h(x):\n-    return x - 3\n+    return x + 3\n"),
+        ("hunks out of order", "@@ -11 +11 @@\n-X = 1\n+X = 2\n@@ -4 +4 @@\n-    return x - 3\n+    return x + 3\n"),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .current_dir(dir.path())
+            .output()
+            .unwrap()
+    };
+    assert!(git(&["init", "-q"]).status.success());
+    for (name, hunks) in cases {
+        let diff = format!("--- a/m.py\n+++ b/m.py\n{hunks}");
+        std::fs::write(dir.path().join("m.py"), file).unwrap();
+        std::fs::write(dir.path().join("p.diff"), &diff).unwrap();
+        // `--unidiff-zero`: a hunk without trailing (leading) context is not pinned to the end
+        // (start) of the file; the tiny SWE patches and many model patches have no context.
+        let theirs = git(&["apply", "--unidiff-zero", "p.diff"]);
+        let theirs = theirs
+            .status
+            .success()
+            .then(|| std::fs::read_to_string(dir.path().join("m.py")).unwrap());
+        let patch = parse_diff(&diff).unwrap();
+        let ours = patch.files[0].apply(file).ok();
+        assert_eq!(ours, theirs, "{name}:\n{diff}");
+    }
+}

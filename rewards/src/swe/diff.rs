@@ -90,16 +90,16 @@ pub struct ApplyError {
 }
 
 impl FilePatch {
-    /// Applies the hunks to `text`, the file before the patch, as `git apply` does without
-    /// fuzz: a hunk's context and removed lines must all be in the file, in order (trailing
-    /// whitespace is ignored), at the line its header names (shifted by what earlier hunks
-    /// added or removed) or else at the nearest line that matches, never before the end of the
-    /// previous hunk. The result ends with a newline when the file did or the patch added lines
-    /// at its end.
+    /// Applies the hunks to `text`, the file before the patch, as `git apply --unidiff-zero`
+    /// does (no fuzz, and a hunk without context is not pinned to the file's start or end;
+    /// checked against git in `rewards/tests/swe_tests.rs`): a hunk's context and removed
+    /// lines must all be in the file, in order (trailing whitespace is ignored), at the line
+    /// its header names (shifted by what earlier hunks added or removed) or else at the nearest
+    /// line that matches, each hunk applied to the file as the earlier ones left it. The result
+    /// ends with a newline when the file did.
     pub fn apply(&self, text: &str) -> Result<String, ApplyError> {
         let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
         let ends_with_newline = text.is_empty() || text.ends_with('\n');
-        let mut floor = 0usize;
         let mut shift = 0isize;
         for (h, hunk) in self.hunks.iter().enumerate() {
             let err = |problem: String| ApplyError {
@@ -119,7 +119,7 @@ impl FilePatch {
             } else {
                 hunk.old_start.saturating_sub(1)
             };
-            let expected = (named as isize + shift).max(floor as isize) as usize;
+            let expected = (named as isize + shift).max(0) as usize;
             let fits = |at: usize| {
                 at + old.len() <= lines.len()
                     && old
@@ -137,7 +137,7 @@ impl FilePatch {
             let at = (0..=lines.len())
                 .flat_map(|d| [expected.checked_add(d), expected.checked_sub(d)])
                 .flatten()
-                .filter(|&at| at >= floor && at <= last)
+                .filter(|&at| at <= last)
                 .find(|&at| fits(at))
                 .ok_or_else(|| {
                     err(format!(
@@ -162,7 +162,6 @@ impl FilePatch {
             let added = new.len();
             lines.splice(at..at + old.len(), new);
             shift += added as isize - old.len() as isize;
-            floor = at + added;
         }
         let mut out = lines.join("\n");
         if ends_with_newline && !lines.is_empty() {
@@ -376,8 +375,9 @@ mod tests {
         let e = p.files[0].apply(file).unwrap_err();
         assert_eq!((e.path.as_str(), e.hunk), ("f.py", 1));
         assert!(e.to_string().contains("not in the file"), "{e}");
-        // Hunks apply in order: the second may not match before the end of the first.
-        let p = parse("--- a/f.py\n+++ b/f.py\n@@ -2 +2 @@\n-    return x - 3\n+    return x\n@@ -1 +1 @@\n-def f(x):\n+def g(x):\n")
+        // Each hunk applies to the file as the earlier ones left it: the second hunk's removed
+        // line was the first one's.
+        let p = parse("--- a/f.py\n+++ b/f.py\n@@ -2 +2 @@\n-    return x - 3\n+    return x\n@@ -2 +2 @@\n-    return x - 3\n+    return 0\n")
             .unwrap();
         assert!(p.files[0].apply(file).is_err());
     }
