@@ -213,3 +213,21 @@ pub fn run(args: EvalArgs) -> anyhow::Result<i32> {
     }
     Ok(0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn domains_are_inferred_from_reference_fields() {
+        let swe = json!({"gold_patch": "--- a/f.py\n", "files": {"f.py": ""},
+                         "test_code": "def check(c): pass", "entry_point": "f"});
+        assert_eq!(domain_of(&swe), StageKind::Swe, "a patch row with its test is SWE");
+        let code = json!({"test_code": "def check(c): pass", "entry_point": "f"});
+        assert_eq!(domain_of(&code), StageKind::Code);
+        assert_eq!(domain_of(&json!({"answer": "4"})), StageKind::Math);
+        assert_eq!(domain_of(&json!({"domain": "code", "answer": "4"})), StageKind::Code);
+        assert_eq!(domain_of(&json!({})), StageKind::Rlhf);
+    }
+}
