@@ -223,11 +223,18 @@ mod tests {
     fn domains_are_inferred_from_reference_fields() {
         let swe = json!({"gold_patch": "--- a/f.py\n", "files": {"f.py": ""},
                          "test_code": "def check(c): pass", "entry_point": "f"});
-        assert_eq!(domain_of(&swe), StageKind::Swe, "a patch row with its test is SWE");
+        assert_eq!(
+            domain_of(&swe),
+            StageKind::Swe,
+            "a patch row with its test is SWE"
+        );
         let code = json!({"test_code": "def check(c): pass", "entry_point": "f"});
         assert_eq!(domain_of(&code), StageKind::Code);
         assert_eq!(domain_of(&json!({"answer": "4"})), StageKind::Math);
-        assert_eq!(domain_of(&json!({"domain": "code", "answer": "4"})), StageKind::Code);
+        assert_eq!(
+            domain_of(&json!({"domain": "code", "answer": "4"})),
+            StageKind::Code
+        );
         assert_eq!(domain_of(&json!({})), StageKind::Rlhf);
     }
 }
