@@ -62,10 +62,15 @@ fn zero(outcome: &str, why: String) -> SemanticScore {
     }
 }
 
+/// What a row carries to run its test: the files before the patch, the check, its entry point.
+struct Repository<'a> {
+    files: BTreeMap<String, String>,
+    test_code: &'a str,
+    entry_point: &'a str,
+}
+
 /// The repository, check and entry point of a row, or `None` when it carries none of them.
-fn repository(
-    reference: &Value,
-) -> Result<Option<(BTreeMap<String, String>, &str, &str)>, VerifyError> {
+fn repository(reference: &Value) -> Result<Option<Repository<'_>>, VerifyError> {
     let present: Vec<&str> = REPO_FIELDS
         .iter()
         .copied()
@@ -116,7 +121,11 @@ fn repository(
     let entry_point = reference["entry_point"]
         .as_str()
         .ok_or_else(|| bad("entry_point", "must be a string"))?;
-    Ok(Some((repo, test_code, entry_point)))
+    Ok(Some(Repository {
+        files: repo,
+        test_code,
+        entry_point,
+    }))
 }
 
 impl SemanticScorer for TestScorer {
@@ -127,7 +136,12 @@ impl SemanticScorer for TestScorer {
     fn score(&self, pair: &PatchPair<'_>) -> Result<SemanticScore, VerifyError> {
         // The reference is checked before the patch, so a dataset bug is reported whatever the
         // model wrote.
-        let Some((mut repo, test_code, entry_point)) = repository(pair.reference)? else {
+        let Some(Repository {
+            files: mut repo,
+            test_code,
+            entry_point,
+        }) = repository(pair.reference)?
+        else {
             let mut s = self.fallback.score(pair)?;
             if let Value::Object(d) = &mut s.details {
                 d.insert(
