@@ -44,6 +44,17 @@ impl Verifier for LenVerifier {
     }
 }
 
+/// Token `i` decodes to the letter `i mod 26`.
+fn letters() -> Detokenize {
+    Arc::new(|ids: &[u32]| {
+        Ok::<String, String>(
+            ids.iter()
+                .map(|i| char::from(b'a' + (i % 26) as u8))
+                .collect(),
+        )
+    })
+}
+
 #[derive(Clone, Default)]
 struct MemSink(Arc<Mutex<Vec<RolloutGroup>>>);
 
@@ -62,13 +73,7 @@ impl RolloutSink for MemSink {
 fn the_reward_pool_assembles_groups() {
     let mut engine = Engine::new(common::tiny_model(8, 256), 2, 3, vec![7, 9, 13, 20, 40]).unwrap();
     let sink = MemSink::default();
-    let detok: Detokenize = Arc::new(|ids: &[u32]| {
-        Ok::<String, String>(
-            ids.iter()
-                .map(|i| char::from(b'a' + (i % 26) as u8))
-                .collect(),
-        )
-    });
+    let detok = letters();
     let pool = RewardPipeline::start(2, 2, detok, Box::new(sink.clone())).unwrap();
     let mut ctxs = Vec::new();
     for p in 0..4u64 {
@@ -164,13 +169,7 @@ impl Verifier for CountingVerifier {
 #[test]
 fn repeated_responses_of_a_group_are_verified_once() {
     let sink = MemSink::default();
-    let detok: Detokenize = Arc::new(|ids: &[u32]| {
-        Ok::<String, String>(
-            ids.iter()
-                .map(|i| char::from(b'a' + (i % 26) as u8))
-                .collect(),
-        )
-    });
+    let detok = letters();
     // One worker: with several, two copies scored at the same moment may both be verified.
     let pool = RewardPipeline::start(1, 8, detok, Box::new(sink.clone())).unwrap();
     let verifier = Arc::new(CountingVerifier::default());
