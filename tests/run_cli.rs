@@ -471,8 +471,9 @@ fn bad_configs_fail_with_one_line_and_exit_code_2_creating_nothing() {
 fn on_policy_config(dir: &Path) -> PathBuf {
     let cfg = inputs(dir, 1, 0);
     let mut text = std::fs::read_to_string(&cfg).unwrap();
-    // Only one RL stage: swe, whose patch-similarity reward varies between samples even for a
-    // random model, so every step really changes the weights.
+    // Two RL stages on swe, whose patch-similarity reward varies between samples even for a
+    // random model, so every step really changes the weights; the second replays the first's
+    // best responses (`sft_mix.replay`), whose log the kill cuts into and the resume repairs.
     let start = text.find("[[stages]]").unwrap();
     text.truncate(start);
     text.push_str(
@@ -481,11 +482,22 @@ fn on_policy_config(dir: &Path) -> PathBuf {
 name = "swe"
 kind = "swe"
 dataset = "data/swe.jsonl"
-steps = 8
+steps = 5
 lr = 3e-3
 batch_prompts = 2
 group_size = 4
 max_response_tokens = 12
+
+[[stages]]
+name = "swe2"
+kind = "swe"
+dataset = "data/swe.jsonl"
+steps = 3
+lr = 3e-3
+batch_prompts = 2
+group_size = 4
+max_response_tokens = 12
+sft_mix = { dataset = "data/sft.jsonl", coef = 0.5, rows = 1, token_budget = 256, replay = ["swe"] }
 "#,
     );
     std::fs::write(&cfg, text).unwrap();
@@ -610,6 +622,10 @@ fn on_policy_kill_and_resume_with(ranks: usize, victim: &str, extra: &[&str]) {
     };
     assert_eq!(losses(&a).len(), 8);
     assert_eq!(losses(&a), losses(&b), "per-step losses");
+    // The first stage's best responses, replayed by the second: the same lines.
+    let best = |dir: &Path| std::fs::read(dir.join("best/stage-0.jsonl")).unwrap();
+    assert!(!best(&a).is_empty());
+    assert!(best(&a) == best(&b), "best-response logs differ");
     assert!(
         final_weights(&a) == final_weights(&b),
         "final weights differ between the uninterrupted and the resumed run"

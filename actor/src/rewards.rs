@@ -40,6 +40,9 @@ pub struct GroupContext {
     verdicts: Mutex<HashMap<Vec<u32>, Verdict>>,
 }
 
+/// The breakdown key of a response whose verification failed (scored 0).
+const VERIFY_ERROR: &str = "verify_error";
+
 /// A scored response: its reward and breakdown.
 type Verdict = (f32, Vec<(String, f32)>);
 
@@ -212,7 +215,11 @@ fn score(task: &ScoreTask, detok: &Detokenize) -> Sample {
         Some(v) => v,
         None => {
             let v = verify(task, detok);
-            verdicts().insert(f.response_ids.clone(), v.clone());
+            // A failure of the environment (a sandbox that could not start, a judge's forward
+            // pass) says nothing about the response: a repeat is verified again.
+            if !v.1.iter().any(|(k, _)| k == VERIFY_ERROR) {
+                verdicts().insert(f.response_ids.clone(), v.clone());
+            }
             v
         }
     };
@@ -272,7 +279,7 @@ fn verify(task: &ScoreTask, detok: &Detokenize) -> Verdict {
                     0.0,
                     vec![
                         (verifier.name().to_string(), 0.0),
-                        ("verify_error".into(), 1.0),
+                        (VERIFY_ERROR.into(), 1.0),
                     ],
                 )
             }

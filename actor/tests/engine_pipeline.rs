@@ -165,15 +165,14 @@ impl Verifier for CountingVerifier {
     }
 }
 
-/// A response a group has already had is not verified again, and gets the same reward.
-#[test]
-fn repeated_responses_of_a_group_are_verified_once() {
+/// Scores one group of `responses` with `verifier` through a one-worker pipeline (with several,
+/// two copies scored at the same moment may both be verified); the rewards and breakdowns.
+fn score_group(
+    verifier: Arc<dyn Verifier>,
+    responses: &[&[u32]],
+) -> Vec<(f32, Vec<(String, f32)>)> {
     let sink = MemSink::default();
-    let detok = letters();
-    // One worker: with several, two copies scored at the same moment may both be verified.
-    let pool = RewardPipeline::start(1, 8, detok, Box::new(sink.clone())).unwrap();
-    let verifier = Arc::new(CountingVerifier::default());
-    let responses: [&[u32]; 5] = [&[1, 2, 3], &[1, 2, 3], &[4], &[1, 2, 3], &[4]];
+    let pool = RewardPipeline::start(1, 8, letters(), Box::new(sink.clone())).unwrap();
     let job = Arc::new(Job {
         tag: 0,
         prompt_id: 7,
@@ -195,7 +194,7 @@ fn repeated_responses_of_a_group_are_verified_once() {
         0,
         0,
         serde_json::json!({}),
-        verifier.clone(),
+        verifier,
     ));
     for (i, ids) in responses.iter().enumerate() {
         let sample = Finished {
@@ -217,11 +216,63 @@ fn repeated_responses_of_a_group_are_verified_once() {
         .unwrap();
     }
     let stats = pool.finish().unwrap();
-    assert_eq!((stats.groups, stats.samples), (1, 5));
-    assert_eq!(verifier.0.load(std::sync::atomic::Ordering::SeqCst), 2);
+    assert_eq!((stats.groups, stats.samples), (1, responses.len() as u64));
     let groups = sink.0.lock().unwrap().clone();
-    let rewards: Vec<f32> = groups[0].samples.iter().map(|s| s.reward).collect();
+    groups[0]
+        .samples
+        .iter()
+        .map(|s| (s.reward, s.reward_breakdown.clone()))
+        .collect()
+}
+
+/// A response a group has already had is not verified again, and gets the same reward.
+#[test]
+fn repeated_responses_of_a_group_are_verified_once() {
+    let verifier = Arc::new(CountingVerifier::default());
+    let responses: [&[u32]; 5] = [&[1, 2, 3], &[1, 2, 3], &[4], &[1, 2, 3], &[4]];
+    let scored = score_group(verifier.clone(), &responses);
+    assert_eq!(verifier.0.load(std::sync::atomic::Ordering::SeqCst), 2);
+    let rewards: Vec<f32> = scored.iter().map(|s| s.0).collect();
     assert_eq!(rewards, [3.0, 3.0, 1.0, 3.0, 1.0]);
+}
+
+/// Fails its first call as the environment would (a sandbox that could not start); then as
+/// [`CountingVerifier`].
+#[derive(Default)]
+struct FlakyVerifier(CountingVerifier);
+
+impl Verifier for FlakyVerifier {
+    fn name(&self) -> &'static str {
+        "flaky"
+    }
+    fn verify(
+        &self,
+        reference: &serde_json::Value,
+        response: &SplitResponse<'_>,
+    ) -> Result<Reward, VerifyError> {
+        if (self.0).0.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            (self.0).0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            return Err(VerifyError::Environment("sandbox did not start".into()));
+        }
+        self.0.verify(reference, response)
+    }
+}
+
+/// A verification that failed for the environment is not memoised: a repeat of the response
+/// is verified again rather than given the failure.
+#[test]
+fn a_failed_verification_is_not_copied_to_repeats() {
+    let verifier = Arc::new(FlakyVerifier::default());
+    let scored = score_group(verifier.clone(), &[&[1, 2, 3], &[1, 2, 3], &[1, 2, 3]]);
+    // The failure, then one verification that the third copy reuses.
+    assert_eq!((verifier.0).0.load(std::sync::atomic::Ordering::SeqCst), 2);
+    let rewards: Vec<f32> = scored.iter().map(|s| s.0).collect();
+    assert_eq!(rewards, [0.0, 3.0, 3.0]);
+    assert!(scored[0]
+        .1
+        .iter()
+        .any(|(k, v)| k == "verify_error" && *v == 1.0));
+    assert!(scored[1].1.iter().all(|(k, _)| k != "verify_error"));
 }
 
 #[test]

@@ -23,7 +23,8 @@
 //!   redraws a gold answer they reject (see [`instruct`]).
 //!
 //! # Files
-//! `sft.jsonl`, `prefs.jsonl`, `prefs-heldout.jsonl`, and `{rlhf,if,math,code,swe}.jsonl` with
+//! `sft.jsonl`, `sft-mix.jsonl` (the SFT rows of the verifiable domains, for the RL stages'
+//! `sft_mix`; see [`TinyData::sft_mix_rows`]), `prefs.jsonl`, `prefs-heldout.jsonl`, and `{rlhf,if,math,code,swe}.jsonl` with
 //! their `-heldout.jsonl` twins, then `MANIFEST.json` (see [`write_tiny`]). Formats are those of
 //! the actor's dataset loader and the verifiers: `prompt` plus `answer` (math),
 //! `instruction_id_list` + `kwargs` (if, IFEval's JSONL format), `test_code` + `entry_point`
@@ -60,7 +61,7 @@ pub use common::{Domain, Mode, Task, MAX_PROMPT_BYTES};
 use common::{draw_excluding, draw_unique, stream, Purpose};
 
 /// Bumped whenever the generated data changes for a given seed and sizes.
-pub const GENERATOR_VERSION: u32 = 6;
+pub const GENERATOR_VERSION: u32 = 7;
 
 /// Name of the manifest, written last.
 pub const MANIFEST: &str = "MANIFEST.json";
@@ -90,10 +91,19 @@ impl Default for TinySizes {
 }
 
 impl TinySizes {
+    /// Lines of `sft-mix.jsonl`: the SFT rows (round-robin over [`Domain::ALL`]) whose domain
+    /// is not [`Domain::Rlhf`].
+    pub fn sft_mix(&self) -> usize {
+        (0..self.sft)
+            .filter(|i| Domain::ALL[i % Domain::ALL.len()] != Domain::Rlhf)
+            .count()
+    }
+
     /// File name → line count of a dataset of these sizes.
     pub fn file_lines(&self) -> BTreeMap<String, usize> {
         let mut files = BTreeMap::new();
         files.insert("sft.jsonl".to_string(), self.sft);
+        files.insert("sft-mix.jsonl".to_string(), self.sft_mix());
         files.insert("prefs.jsonl".to_string(), self.prefs);
         files.insert("prefs-heldout.jsonl".to_string(), self.heldout);
         for d in Domain::ALL {
@@ -288,12 +298,28 @@ fn jsonl(lines: impl Iterator<Item = Value>) -> String {
 }
 
 impl TinyData {
+    /// The rows of `sft-mix.jsonl`, with their `sft.jsonl` ids: every SFT row except the chat
+    /// (rlhf) domain's. The RL stages after SFT mix these supervised rows into their steps
+    /// (`sft_mix`, PPO-ptx) to hold the verifiable domains, whose gold answers their rewards
+    /// also score 1. The chat rows are left out because the rlhf stage teaches answers that
+    /// the reward model ranks above the SFT ones: at each later stage, those SFT rows pulled
+    /// the chat answers back to what the reward model scores lower (issue 19).
+    pub fn sft_mix_rows(&self) -> impl Iterator<Item = (u64, &SftRow)> {
+        (0..)
+            .zip(&self.sft)
+            .filter(|(_, r)| r.task.domain != Domain::Rlhf)
+    }
+
     /// Every file as (name, contents), in writing order.
     pub fn files(&self) -> Vec<(String, String)> {
         let mut out = vec![
             (
                 "sft.jsonl".to_string(),
                 jsonl(self.sft.iter().zip(0..).map(|(r, i)| r.line(i))),
+            ),
+            (
+                "sft-mix.jsonl".to_string(),
+                jsonl(self.sft_mix_rows().map(|(i, r)| r.line(i))),
             ),
             (
                 "prefs.jsonl".to_string(),

@@ -83,10 +83,10 @@ fn idempotent_and_atomic() {
     assert_eq!(m1.seed, 1);
     assert_eq!(m1.generator_version, GENERATOR_VERSION);
     assert_eq!(m1.files, sizes.file_lines());
-    assert_eq!(m1.files.len(), 13);
+    assert_eq!(m1.files.len(), 14);
     let names: HashSet<String> = read_all(dir.path()).into_keys().collect();
     assert!(names.iter().all(|n| !n.ends_with(".tmp")), "{names:?}");
-    assert_eq!(names.len(), 14);
+    assert_eq!(names.len(), 15);
     for (name, n) in &m1.files {
         assert_eq!(lines(dir.path(), name).len(), *n, "{name}");
     }
@@ -220,4 +220,31 @@ fn default_files_are_well_formed_and_heldout_is_disjoint() {
         let n = data.sft.iter().filter(|r| r.task.domain == d).count();
         assert_eq!(n, sizes.sft / 5, "{}", d.name());
     }
+}
+
+/// `sft-mix.jsonl` is `sft.jsonl` without the chat rows: same lines, same ids, same order.
+#[test]
+fn sft_mix_is_the_sft_file_without_chat_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let sizes = small();
+    let m = write_tiny(dir.path(), 3, &sizes).unwrap();
+    let data = generate(3, &sizes).unwrap();
+    let sft = lines(dir.path(), "sft.jsonl");
+    let mix = lines(dir.path(), "sft-mix.jsonl");
+    let expected: Vec<&Value> = sft
+        .iter()
+        .zip(&data.sft)
+        .filter(|(_, r)| r.task.domain != Domain::Rlhf)
+        .map(|(line, _)| line)
+        .collect();
+    assert_eq!(mix.iter().collect::<Vec<_>>(), expected);
+    assert_eq!(mix.len(), sizes.sft_mix());
+    assert_eq!(m.files["sft-mix.jsonl"], 160);
+    let chat = data
+        .sft
+        .iter()
+        .filter(|r| r.task.domain == Domain::Rlhf)
+        .count();
+    assert_eq!(chat, 40);
+    assert_eq!(mix.len() + chat, sft.len());
 }

@@ -423,6 +423,53 @@ fn sft_mix_is_parsed_checked_and_its_dataset_required() {
     );
 }
 
+/// `sft_mix.replay` names earlier RL stages only; the learner records the best responses of
+/// the stages a later stage replays.
+#[test]
+fn sft_mix_replay_names_earlier_rl_stages() {
+    let stages = |replay: &str| {
+        format!(
+            "[model]\npath = \"ckpt\"\n\
+             [[stages]]\nname = \"s\"\nkind = \"sft\"\ndataset = \"d\"\nsteps = 1\nlr = 1e-5\n\
+             [[stages]]\nname = \"chat\"\nkind = \"rlhf\"\ndataset = \"d\"\nsteps = 1\nlr = 1e-6\n\
+             verifier = {{ reward_model = \"rm\" }}\n\
+             [[stages]]\nname = \"math\"\nkind = \"math\"\ndataset = \"d\"\nsteps = 1\nlr = 1e-6\n\
+             sft_mix = {{ dataset = \"d\", coef = 0.1, {replay} }}\n\
+             [[stages]]\nname = \"code\"\nkind = \"code\"\ndataset = \"d\"\nsteps = 1\nlr = 1e-6\n"
+        )
+    };
+    let cfg = parse(&stages("replay = [\"chat\"]")).unwrap();
+    let mix = cfg.stages[2].sft_mix.as_ref().unwrap();
+    assert_eq!(
+        (mix.replay.clone(), mix.replay_rows),
+        (vec!["chat".to_string()], 1)
+    );
+    let recorded: Vec<bool> = (0..4).map(|i| cfg.replayed_later(i)).collect();
+    assert_eq!(recorded, [false, true, false, false]);
+    for (replay, what) in [
+        (
+            "replay = [\"code\"]",
+            "\"code\" is not an RL stage before \"math\"",
+        ),
+        ("replay = [\"s\"]", "\"s\" is not an RL stage"),
+        ("replay = [\"math\"]", "\"math\" is not an RL stage before"),
+        ("replay = [\"nope\"]", "\"nope\""),
+        (
+            "replay = [\"chat\"], replay_rows = 0",
+            "stages[2].sft_mix.replay_rows",
+        ),
+    ] {
+        let e = err(&stages(replay));
+        assert!(
+            e.contains("stages[2].sft_mix.replay") && e.contains(what),
+            "{replay}: {e}"
+        );
+    }
+    // Without replay, no stage records.
+    let cfg = parse(&stages("rows = 1")).unwrap();
+    assert!((0..4).all(|i| !cfg.replayed_later(i)));
+}
+
 #[test]
 fn swe_judge_and_sandbox_memory_are_checked() {
     let dir = tempfile::tempdir().unwrap();

@@ -49,6 +49,7 @@ use cascade_shared::transport::{ReceivedGroup, RolloutSource};
 use crate::error::{LearnerError, Result};
 use crate::optim::StepOutcome;
 
+pub mod best;
 mod group;
 mod intake;
 mod publish;

@@ -11,6 +11,7 @@ use cascade_shared::snapshot::{self, version_dir_name};
 use cascade_shared::transport::RolloutSource;
 use cascade_shared::{Mode, RolloutGroup};
 
+use super::best;
 use super::group::{self, Command};
 use super::intake::StepBatch;
 use super::settings::{filter_config, grpo_config, lr_schedule};
@@ -58,9 +59,19 @@ impl<S: RolloutSource> Learner<'_, S> {
             None
         };
         let mut sft_mix = match &stage.sft_mix {
-            Some(mix) => Some((mix, self.sft_mix_schedule(index, stage, mix)?)),
+            Some(mix) => Some((
+                mix,
+                self.sft_mix_schedule(index, stage, mix)?,
+                self.replay_schedule(index, stage, mix)?,
+            )),
             None => None,
         };
+        // A later stage replays this one's best responses: cut the file back to the state
+        // this stage starts or resumes from (rank 0 writes it).
+        let record_best = config.replayed_later(index) && self.leads();
+        if record_best {
+            best::truncate_after(&self.opts.run_dir, index, self.state.step)?;
+        }
         while (self.state.stage_step as usize) < stage.steps {
             let t0 = Instant::now();
             let memory = StepMemory::start_on(&self.opts.device);
@@ -99,9 +110,13 @@ impl<S: RolloutSource> Learner<'_, S> {
             // sft_mix: coef × the mean NLL of the next rows of SFT conversations, added to the
             // GRPO loss (skipped with it on a step without signal).
             let mix_stats = match (&mut sft_mix, step.no_signal) {
-                (Some((mix, rows)), false) => {
+                (Some((mix, rows, replay)), false) => {
                     let start = self.state.stage_step as usize * mix.rows;
-                    let rows = rows.rows(start, mix.rows);
+                    let mut rows = rows.rows(start, mix.rows);
+                    if let Some(replay) = replay {
+                        let start = self.state.stage_step as usize * mix.replay_rows;
+                        rows.extend(replay.rows(start, mix.replay_rows));
+                    }
                     let part = sft_part(
                         rows.len(),
                         config.learner.micro_batch,
@@ -149,6 +164,11 @@ impl<S: RolloutSource> Learner<'_, S> {
             let step_s = t0.elapsed().as_secs_f64();
             let compute_s = (step_s - step.idle_s).max(1e-9);
             let (applied, due) = self.finish_step(outcome, stage);
+            if record_best && applied && !step.no_signal {
+                // Synced before this step can be published.
+                let kept = best::best_of(self.state.step, &step.kept);
+                best::append(&self.opts.run_dir, index, &kept)?;
+            }
             let reading = memory.finish(&self.opts.device);
             let after = filter.metrics();
             let lags: Vec<u64> = step

@@ -8,18 +8,22 @@ use cascade_shared::metrics::{SftStep, StepMemory};
 use cascade_shared::plan::DEFAULT_SFT_TOKEN_BUDGET;
 use cascade_shared::transport::RolloutSource;
 
+use super::best;
 use super::group;
 use super::settings::lr_schedule;
 use super::Learner;
 use crate::error::Result;
 use crate::optim::StepOutcome;
-use crate::sft::{accumulate_sft_gradients_part, load_sft_from, sft_part, SftSchedule};
+use crate::sft::{accumulate_sft_gradients_part, load_sft_from, sft_part, SftData, SftSchedule};
 
 /// Salt of the SFT packing order.
 const SFT_SALT: u64 = 0x5f73_6674_5f6f_7264;
 
 /// Salt of the packing order of an RL stage's `sft_mix` rows.
 const SFT_MIX_SALT: u64 = 0x6d69_785f_7366_7400;
+
+/// Salt of the packing order of an RL stage's replayed best responses.
+const SFT_REPLAY_SALT: u64 = 0x7265_706c_6179_0000;
 
 impl<S: RolloutSource> Learner<'_, S> {
     /// Loads the stage's conversations and packs them into rows.
@@ -42,6 +46,64 @@ impl<S: RolloutSource> Learner<'_, S> {
             budget,
             SFT_MIX_SALT ^ index as u64,
         )
+    }
+
+    /// The best responses of the earlier RL stages an RL stage's `sft_mix.replay` names,
+    /// packed into rows; `None` when it names none (or they kept none).
+    pub(super) fn replay_schedule(
+        &self,
+        index: usize,
+        stage: &StageConfig,
+        mix: &SftMix,
+    ) -> Result<Option<SftSchedule>> {
+        if mix.replay.is_empty() {
+            return Ok(None);
+        }
+        let config = &self.opts.config;
+        let budget = mix.token_budget.unwrap_or(DEFAULT_SFT_TOKEN_BUDGET);
+        let mut examples = Vec::new();
+        let mut too_long = 0;
+        for name in &mix.replay {
+            let Some(earlier) = config.stages[..index].iter().position(|s| &s.name == name) else {
+                return Err(crate::error::LearnerError::InvalidConfig(format!(
+                    "stage {}: sft_mix.replay names {name:?}, which is not an earlier stage",
+                    stage.name
+                )));
+            };
+            let entries = best::read(&self.opts.run_dir, earlier)?;
+            let before = examples.len();
+            for e in entries {
+                let ex = e.example();
+                if ex.ids.len() > budget {
+                    too_long += 1;
+                } else {
+                    examples.push(ex);
+                }
+            }
+            tracing::info!(
+                "stage {}: replays {} best responses of stage {name}",
+                stage.name,
+                examples.len() - before
+            );
+        }
+        if examples.is_empty() {
+            tracing::warn!(
+                "stage {}: sft_mix.replay: the stages {:?} kept no best response; no replay rows",
+                stage.name,
+                mix.replay
+            );
+            return Ok(None);
+        }
+        let data = SftData {
+            path: self.opts.run_dir.join(best::BEST_DIR),
+            examples,
+            too_long,
+        };
+        Ok(Some(SftSchedule::new(
+            data,
+            budget,
+            config.learner.seed ^ SFT_REPLAY_SALT ^ index as u64,
+        )))
     }
 
     fn conversations(

@@ -208,6 +208,21 @@ impl RunConfig {
                     format!("stage name {:?} is used twice", stage.name),
                 ));
             }
+            if let Some(mix) = &stage.sft_mix {
+                for (k, name) in mix.replay.iter().enumerate() {
+                    let earlier = self.stages[..i].iter().find(|s| &s.name == name);
+                    if !earlier.is_some_and(|s| s.is_rl()) {
+                        return Err(invalid(
+                            format!("{at}.sft_mix.replay[{k}]"),
+                            format!(
+                                "{name:?} is not an RL stage before {:?} (replay takes the best \
+                                 responses of earlier RL stages)",
+                                stage.name
+                            ),
+                        ));
+                    }
+                }
+            }
             match (stage.is_rl(), seen_rl) {
                 (true, None) => seen_rl = Some(&stage.name),
                 (false, Some(rl)) => {
@@ -223,6 +238,19 @@ impl RunConfig {
             }
         }
         Ok(())
+    }
+
+    /// Whether a later stage's `sft_mix.replay` names stage `index` (whose best responses the
+    /// learner then records).
+    pub fn replayed_later(&self, index: usize) -> bool {
+        let Some(stage) = self.stages.get(index) else {
+            return false;
+        };
+        self.stages[index + 1..].iter().any(|s| {
+            s.sft_mix
+                .as_ref()
+                .is_some_and(|m| m.replay.iter().any(|n| n == &stage.name))
+        })
     }
 
     /// Checks that every file the config names exists (datasets, held-out sets, model path

@@ -272,10 +272,26 @@ pub struct SftMix {
     /// Max packed row length in tokens (default 2048, as SFT stages).
     #[serde(default)]
     pub token_budget: Option<usize>,
+    /// Earlier RL stages (by name) whose best responses join the mix: of every group such a
+    /// stage trained on, the response with the highest reward, when it is above the group's
+    /// mean, as the policy sampled it (prompt and response tokens). What an RL stage taught
+    /// has no gold answer in `dataset` (the rlhf stage's answers are the ones its reward
+    /// model ranks higher, not the SFT ones), so replaying them holds it while later stages
+    /// train (experience replay).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replay: Vec<String>,
+    /// Packed rows per step from the `replay` stages' best responses, on top of `rows`
+    /// (default 1 when `replay` names a stage).
+    #[serde(default = "default_sft_mix_replay_rows")]
+    pub replay_rows: usize,
 }
 
 fn default_sft_mix_rows() -> usize {
     2
+}
+
+fn default_sft_mix_replay_rows() -> usize {
+    1
 }
 
 fn default_betas() -> [f64; 2] {
@@ -481,6 +497,12 @@ impl StageConfig {
             }
             if mix.token_budget == Some(0) {
                 return Err(invalid(key("sft_mix.token_budget"), "must be at least 1"));
+            }
+            if !mix.replay.is_empty() && mix.replay_rows == 0 {
+                return Err(invalid(
+                    key("sft_mix.replay_rows"),
+                    "must be at least 1 when sft_mix.replay names a stage",
+                ));
             }
         }
         self.validate_lengths(at)?;

@@ -412,7 +412,17 @@ fn learner_rank_use(
     // An RL stage's sft_mix (validated: RL stages only) runs its SFT micro-batches after the
     // GRPO backward has freed the GRPO activations: the peak is the larger of the two.
     if let Some(mix) = &stage.sft_mix {
-        let mix_rows = config.learner.micro_batch.max(1).min(mix.rows);
+        // The replayed rows (sft_mix.replay) are packed with the dataset's in one step.
+        let replay_rows = if mix.replay.is_empty() {
+            0
+        } else {
+            mix.replay_rows
+        };
+        let mix_rows = config
+            .learner
+            .micro_batch
+            .max(1)
+            .min(mix.rows + replay_rows);
         let mix_tokens = mix.token_budget.unwrap_or(DEFAULT_SFT_TOKEN_BUDGET);
         let mix_act = ActivationModel {
             fused_loss: fused_ops,
