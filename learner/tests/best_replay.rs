@@ -81,7 +81,7 @@ fn entry(step: u64, r: u32) -> Best {
         prompt_ids: vec![1, 2, 3],
         response_ids: vec![r, r + 1],
         reward: r as f32 / 2.0,
-        think: r % 2 == 0,
+        think: r.is_multiple_of(2),
     }
 }
 
