@@ -12,6 +12,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 
+use cascade_shared::snapshot::durable::{fsync_dir, replace_file};
 use cascade_shared::RolloutGroup;
 use serde::{Deserialize, Serialize};
 
@@ -119,6 +120,7 @@ pub fn append(run_dir: &Path, index: usize, entries: &[Best]) -> Result<()> {
         })?);
         text.push('\n');
     }
+    let created = !path.exists();
     let mut f = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -126,7 +128,22 @@ pub fn append(run_dir: &Path, index: usize, entries: &[Best]) -> Result<()> {
         .map_err(|e| LearnerError::io(&path, e))?;
     f.write_all(text.as_bytes())
         .and_then(|()| f.sync_data())
-        .map_err(|e| LearnerError::io(&path, e))
+        .map_err(|e| LearnerError::io(&path, e))?;
+    if created {
+        // The new file's directory entry is durable too.
+        fsync_dir(&run_dir.join(BEST_DIR))?;
+    }
+    Ok(())
+}
+
+/// One line, its checksum verified.
+fn parse(line: &str) -> std::result::Result<Best, String> {
+    let parsed: Line =
+        serde_json::from_str(line).map_err(|e| format!("not a best-response line: {e}"))?;
+    if parsed.best.crc() != parsed.crc {
+        return Err("checksum mismatch (the file is corrupt)".into());
+    }
+    Ok(parsed.best)
 }
 
 /// The lines of stage `index`'s file (none if it does not exist). A torn or corrupt line is
@@ -146,12 +163,7 @@ pub fn read(run_dir: &Path, index: usize) -> Result<Vec<Best>> {
             line: i + 1,
             reason,
         };
-        let parsed: Line = serde_json::from_str(&line)
-            .map_err(|e| bad(format!("not a best-response line: {e}")))?;
-        if parsed.best.crc() != parsed.crc {
-            return Err(bad("checksum mismatch (the file is corrupt)".into()));
-        }
-        out.push(parsed.best);
+        out.push(parse(&line).map_err(bad)?);
     }
     Ok(out)
 }
@@ -174,11 +186,8 @@ pub fn truncate_after(run_dir: &Path, index: usize, step: u64) -> Result<()> {
     let mut kept = String::new();
     let mut dropped = 0;
     for (i, line) in lines.iter().enumerate() {
-        let parsed = serde_json::from_str::<Line>(line)
-            .ok()
-            .filter(|l| l.best.crc() == l.crc);
-        match parsed {
-            Some(l) if l.best.step <= step => {
+        match parse(line).ok() {
+            Some(b) if b.step <= step => {
                 kept.push_str(line);
                 kept.push('\n');
             }
@@ -200,9 +209,5 @@ pub fn truncate_after(run_dir: &Path, index: usize, step: u64) -> Result<()> {
         "{}: {dropped} lines of steps after {step} dropped (they are trained again)",
         path.display()
     );
-    let tmp = path.with_extension("jsonl.tmp");
-    std::fs::write(&tmp, kept.as_bytes())
-        .and_then(|()| std::fs::File::open(&tmp)?.sync_all())
-        .map_err(|e| LearnerError::io(&tmp, e))?;
-    std::fs::rename(&tmp, &path).map_err(|e| LearnerError::io(&path, e))
+    Ok(replace_file(&path, kept.as_bytes())?)
 }
