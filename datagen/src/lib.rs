@@ -25,8 +25,8 @@
 //! # Files
 //! `sft.jsonl`, `sft-mix.jsonl` (the SFT rows of the verifiable domains, for the RL stages'
 //! `sft_mix`; see [`TinyData::sft_mix_rows`]), `prefs.jsonl`, `prefs-heldout.jsonl`, and
-//! `{rlhf,if,math,code,swe}.jsonl` with their `-heldout.jsonl` twins, then `MANIFEST.json` (see [`write_tiny`]). Formats are those of
-//! the actor's dataset loader and the verifiers: `prompt` plus `answer` (math),
+//! `{rlhf,if,math,code,swe}.jsonl` with their `-heldout.jsonl` twins, then `MANIFEST.json` (see
+//! [`write_tiny`]). Formats are those of the actor's dataset loader and the verifiers: `prompt` plus `answer` (math),
 //! `instruction_id_list` + `kwargs` (if, IFEval's JSONL format), `test_code` + `entry_point`
 //! (code, HumanEval style), `gold_patch` plus the repository and its test (`files`, `test_code`, `entry_point`; swe),
 //! nothing extra (rlhf); every line has an `id`.
