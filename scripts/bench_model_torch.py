@@ -35,7 +35,7 @@ def main():
     V = cfg.vocab_size
     ids = torch.tensor([(i * 7919 + 13) % V for i in range(batch * length)]).view(batch, length)
     best = 1e9
-    for i in range(3 if batch * length > 2048 else 4):  # as shared/benches/model.rs
+    for i in range(3 if batch * length > 2048 else 11):  # as shared/benches/model.rs
         t = time.perf_counter()
         logits = model(input_ids=ids, use_cache=False).logits
         lp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None]).sum()

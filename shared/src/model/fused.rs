@@ -8,6 +8,8 @@
 //!   transposing copy and 8 ops forward, about as many in backward);
 //! - [`row_logprobs`] / [`logprob_grad`]: the log-softmax gather of one chunk of LM-head logits
 //!   and its gradient (unfused: 6 and 7 passes over the `rows × vocab` chunk);
+//! - [`linear`]: `x · wᵀ` as one product reading the weight in place (unfused: two reshapes,
+//!   a transpose and a matmul, each summed into a zeroed gradient buffer in backward);
 //! - [`gemm_product`] (and [`tile_product`], on the calling thread): matrix products into a
 //!   destination slice through the `gemm` crate, for the fused attention's tiles and
 //!   [`add_transposed_product`].
@@ -23,6 +25,8 @@
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Shape, Tensor};
 use rayon::prelude::*;
+
+use super::simd::{detect_isa, exp_sum_in_place, fast_exp, row_max, sum_exp, Isa};
 
 /// Elements per parallel task of the elementwise kernels.
 const TASK: usize = 1 << 14;
@@ -465,14 +469,18 @@ impl CustomOp1 for RowLogprobs<'_> {
             candle_core::bail!("{op}: target {t} outside the vocabulary of {vocab}");
         }
         let mut out = vec![0f32; 2 * n];
+        let isa = detect_isa();
         out.par_chunks_mut(2)
             .zip(z.par_chunks(vocab.max(1)))
             .zip(self.targets.par_iter())
             .for_each(|((o, row), &t)| {
                 // As the unfused path: shift by the max, log of the summed exps.
-                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let sum: f32 = row.iter().map(|&v| (v - max).exp()).sum();
-                let log_sum = sum.ln();
+                let (max, log_sum) = match isa {
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: `detect_isa` returned AVX2 + FMA after checking this CPU.
+                    Isa::Avx2Fma => unsafe { max_log_sum_avx2(row) },
+                    Isa::Generic => max_log_sum::<false>(row),
+                };
                 o[0] = (row[t as usize] - max) - log_sum;
                 o[1] = log_sum + max;
             });
@@ -524,18 +532,340 @@ impl CustomOp1 for LogprobGrad<'_> {
         }
         let mut dz = vec![0f32; z.len()];
         let width = len.max(1);
+        let isa = detect_isa();
         dz.par_chunks_mut(width)
             .zip(z.par_chunks(width))
             .enumerate()
             .for_each(|(i, (d, row))| {
                 let (lse, g) = (self.lse[i], self.g[i]);
+                match isa {
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: `detect_isa` returned AVX2 + FMA after checking this CPU.
+                    Isa::Avx2Fma => unsafe { softmax_grad_avx2(d, row, lse, g) },
+                    Isa::Generic => softmax_grad::<false>(d, row, lse, g),
+                }
                 let hit = (self.targets[i] as usize).wrapping_sub(self.v0);
-                for (j, (d, &z)) in d.iter_mut().zip(row).enumerate() {
-                    let onehot = if j == hit { 1.0 } else { 0.0 };
-                    *d = (onehot - (z - lse).exp()) * g;
+                if let Some(d) = d.get_mut(hit) {
+                    *d += g;
                 }
             });
         Ok((CpuStorage::F32(dz), l.shape().clone()))
+    }
+}
+
+/// `(max, ln Σ exp(row − max))` of one row of logits.
+#[inline(always)]
+fn max_log_sum<const FMA: bool>(row: &[f32]) -> (f32, f32) {
+    let max = row_max(row);
+    (max, sum_exp::<FMA>(row, max).ln())
+}
+
+/// [`max_log_sum`] compiled with AVX2 and FMA.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn max_log_sum_avx2(row: &[f32]) -> (f32, f32) {
+    max_log_sum::<true>(row)
+}
+
+/// `d_j = −g · exp(z_j − lse)`: the softmax part of a log-prob's gradient.
+#[inline(always)]
+fn softmax_grad<const FMA: bool>(d: &mut [f32], z: &[f32], lse: f32, g: f32) {
+    for (d, &z) in d.iter_mut().zip(z) {
+        *d = -g * fast_exp::<FMA>(z - lse);
+    }
+}
+
+/// [`softmax_grad`] compiled with AVX2 and FMA.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn softmax_grad_avx2(d: &mut [f32], z: &[f32], lse: f32, g: f32) {
+    softmax_grad::<true>(d, z, lse, g)
+}
+
+/// For every row `i` of a chunk of LM-head logits `z` `(n, vocab)` (f32, CPU, contiguous, not
+/// shared with another tensor): returns `log_softmax(z_i)[targets_i]` and overwrites the row
+/// with the gradient of that log-prob, `1[j = targets_i] − softmax(z_i)_j`. One exp per logit
+/// and no second `(n, vocab)` buffer: [`row_logprobs`] and [`logprob_grad`] in one pass.
+pub(crate) fn logprobs_into_grad(z: &Tensor, targets: &[u32]) -> candle_core::Result<Vec<f32>> {
+    let op = LogprobsIntoGrad {
+        targets,
+        out: std::sync::Mutex::new(Vec::new()),
+    };
+    z.inplace_op1(&op)?;
+    op.out
+        .into_inner()
+        .map_err(|_| candle_core::Error::Msg("fused-logprobs-into-grad: poisoned".into()))
+}
+
+struct LogprobsIntoGrad<'a> {
+    targets: &'a [u32],
+    out: std::sync::Mutex<Vec<f32>>,
+}
+
+/// One row of [`logprobs_into_grad`]: its log-prob at `t`; the row becomes its gradient.
+#[inline(always)]
+fn logprob_into_grad<const FMA: bool>(row: &mut [f32], t: usize) -> f32 {
+    let max = row_max(row);
+    let picked = row[t];
+    let sum = exp_sum_in_place::<FMA>(row, max);
+    let inv = 1.0 / sum;
+    for v in row.iter_mut() {
+        *v = -(*v * inv);
+    }
+    row[t] += 1.0;
+    (picked - max) - sum.ln()
+}
+
+/// [`logprob_into_grad`] compiled with AVX2 and FMA.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn logprob_into_grad_avx2(row: &mut [f32], t: usize) -> f32 {
+    logprob_into_grad::<true>(row, t)
+}
+
+impl candle_core::InplaceOp1 for LogprobsIntoGrad<'_> {
+    fn name(&self) -> &'static str {
+        "fused-logprobs-into-grad"
+    }
+
+    fn cpu_fwd(&self, s: &mut CpuStorage, l: &Layout) -> candle_core::Result<()> {
+        let op = self.name();
+        let (n, vocab) = l.shape().dims2()?;
+        let CpuStorage::F32(data) = s else {
+            candle_core::bail!("{op}: logits must be f32, got {:?}", s.dtype())
+        };
+        let Some((start, end)) = l.contiguous_offsets() else {
+            candle_core::bail!("{op}: logits are not contiguous")
+        };
+        if self.targets.len() != n {
+            candle_core::bail!("{op}: {} targets for {n} rows", self.targets.len());
+        }
+        if let Some(&t) = self.targets.iter().find(|&&t| t as usize >= vocab) {
+            candle_core::bail!("{op}: target {t} outside the vocabulary of {vocab}");
+        }
+        let mut lp = vec![0f32; n];
+        let isa = detect_isa();
+        data[start..end]
+            .par_chunks_mut(vocab.max(1))
+            .zip(lp.par_iter_mut())
+            .zip(self.targets.par_iter())
+            .for_each(|((row, lp), &t)| {
+                *lp = match isa {
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: `detect_isa` returned AVX2 + FMA after checking this CPU.
+                    Isa::Avx2Fma => unsafe { logprob_into_grad_avx2(row, t as usize) },
+                    Isa::Generic => logprob_into_grad::<false>(row, t as usize),
+                };
+            });
+        *self
+            .out
+            .lock()
+            .map_err(|_| candle_core::Error::Msg(format!("{op}: poisoned")))? = lp;
+        Ok(())
+    }
+}
+
+/// `x (.., in) · wᵀ` for `w` `(out, in)` (f32, CPU): one GEMM forward reading `w` in place,
+/// two in backward (`dx = dy · w`, `dw = dyᵀ · x`, the latter written in `w`'s layout).
+/// Differentiable in both. Unfused, the same product is four graph nodes (two reshapes, a
+/// transpose and the matmul), each of which backward sums into a zeroed buffer of its own, the
+/// transpose's as a strided copy.
+pub(crate) fn linear(x: &Tensor, w: &Tensor) -> candle_core::Result<Tensor> {
+    x.contiguous()?.apply_op2(&w.contiguous()?, LinearOp)
+}
+
+struct LinearOp;
+
+/// `(rows, in, out)` of a linear layer's input `(.., in)` and weight `(out, in)`.
+fn linear_dims(op: &str, lx: &Layout, lw: &Layout) -> candle_core::Result<(usize, usize, usize)> {
+    let (out, inner) = lw.shape().dims2()?;
+    let dims = lx.dims();
+    if dims.last() != Some(&inner) {
+        candle_core::bail!("{op}: input {dims:?} against a ({out}, {inner}) weight");
+    }
+    Ok((lx.shape().elem_count() / inner.max(1), inner, out))
+}
+
+/// The parallelism of a product as large as candle's matmul would run it.
+fn matmul_parallelism() -> gemm::Parallelism {
+    let threads = candle_core::utils::get_num_threads();
+    if threads > 1 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    }
+}
+
+impl CustomOp2 for LinearOp {
+    fn name(&self) -> &'static str {
+        "fused-linear"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let op = self.name();
+        let (rows, inner, out) = linear_dims(op, l1, l2)?;
+        let (x, w) = (f32s(op, "input", s1, l1)?, f32s(op, "weight", s2, l2)?);
+        let mut y = vec![0f32; rows * out];
+        let mut dims = l1.dims().to_vec();
+        if let Some(last) = dims.last_mut() {
+            *last = out;
+        }
+        if rows > 0 && out > 0 && inner > 0 {
+            // SAFETY: `x` is (rows, in) row-major (column stride 1, row stride in); `w` (out, in)
+            // read as its transpose (in, out): column stride in, row stride 1; `y` rows · out.
+            unsafe {
+                gemm_product(
+                    &mut y,
+                    (rows, out),
+                    false,
+                    x,
+                    (1, inner),
+                    w,
+                    (inner, 1),
+                    inner,
+                    1.0,
+                    matmul_parallelism(),
+                );
+            }
+        }
+        Ok((CpuStorage::F32(y), Shape::from(dims)))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _y: &Tensor,
+        dy: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let dy = dy.contiguous()?;
+        let dx = if x.track_op() {
+            Some(dy.apply_op2_no_bwd(w, &LinearInputGrad)?)
+        } else {
+            None
+        };
+        let dw = if w.track_op() {
+            Some(dy.apply_op2_no_bwd(x, &LinearWeightGrad)?)
+        } else {
+            None
+        };
+        Ok((dx, dw))
+    }
+}
+
+/// `dx = dy · w`: `dy` `(.., out)`, `w` `(out, in)` → `(.., in)`.
+struct LinearInputGrad;
+
+impl CustomOp2 for LinearInputGrad {
+    fn name(&self) -> &'static str {
+        "fused-linear-input-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let op = self.name();
+        let (out, inner) = l2.shape().dims2()?;
+        let dims = l1.dims();
+        if dims.last() != Some(&out) {
+            candle_core::bail!("{op}: gradient {dims:?} against a ({out}, {inner}) weight");
+        }
+        let rows = l1.shape().elem_count() / out.max(1);
+        let (dy, w) = (f32s(op, "dy", s1, l1)?, f32s(op, "weight", s2, l2)?);
+        let mut dx = vec![0f32; rows * inner];
+        if rows > 0 && inner > 0 && out > 0 {
+            // SAFETY: `dy` (rows, out) and `w` (out, in) row-major; `dx` rows · in.
+            unsafe {
+                gemm_product(
+                    &mut dx,
+                    (rows, inner),
+                    false,
+                    dy,
+                    (1, out),
+                    w,
+                    (1, inner),
+                    out,
+                    1.0,
+                    matmul_parallelism(),
+                );
+            }
+        }
+        let mut shape = dims.to_vec();
+        if let Some(last) = shape.last_mut() {
+            *last = inner;
+        }
+        Ok((CpuStorage::F32(dx), Shape::from(shape)))
+    }
+}
+
+/// `dw = dyᵀ · x`: `dy` `(.., out)`, `x` `(.., in)` → `(out, in)`.
+struct LinearWeightGrad;
+
+impl CustomOp2 for LinearWeightGrad {
+    fn name(&self) -> &'static str {
+        "fused-linear-weight-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let op = self.name();
+        let (out, inner) = match (l1.dims().last(), l2.dims().last()) {
+            (Some(&o), Some(&i)) => (o, i),
+            _ => candle_core::bail!("{op}: scalar operands"),
+        };
+        let rows = l1.shape().elem_count() / out.max(1);
+        if l2.shape().elem_count() != rows * inner {
+            candle_core::bail!(
+                "{op}: gradient {:?} against input {:?}",
+                l1.dims(),
+                l2.dims()
+            );
+        }
+        let (dy, x) = (f32s(op, "dy", s1, l1)?, f32s(op, "input", s2, l2)?);
+        let mut dw = vec![0f32; out * inner];
+        if rows > 0 && out > 0 && inner > 0 {
+            // SAFETY: `dy` (rows, out) read as its transpose (out, rows): column stride out, row
+            // stride 1; `x` (rows, in) row-major; `dw` out · in.
+            unsafe {
+                gemm_product(
+                    &mut dw,
+                    (out, inner),
+                    false,
+                    dy,
+                    (out, 1),
+                    x,
+                    (1, inner),
+                    rows,
+                    1.0,
+                    matmul_parallelism(),
+                );
+            }
+        }
+        Ok((CpuStorage::F32(dw), Shape::from((out, inner))))
     }
 }
 
@@ -651,12 +981,7 @@ pub(crate) fn add_transposed_product(
         }
         return Ok(());
     }
-    let threads = candle_core::utils::get_num_threads();
-    let parallelism = if threads > 1 {
-        gemm::Parallelism::Rayon(threads)
-    } else {
-        gemm::Parallelism::None
-    };
+    let parallelism = matmul_parallelism();
     // SAFETY: `a` holds the (k, m) matrix read as its transpose (column stride m, row stride 1),
     // `b` the (k, n) matrix (column stride 1, row stride n), `dst` m · n elements; all checked
     // above.
@@ -867,6 +1192,79 @@ mod tests {
                 max_rel(&got, &exp)
             );
         }
+    }
+
+    #[test]
+    fn logprobs_into_grad_match_row_logprobs_and_grad() {
+        // Vocabularies below, at and past the reduction lanes, and one wider than a task.
+        for (n, vocab) in [(1usize, 1usize), (5, 15), (37, 1000), (3, 24_577)] {
+            let z = (randn(&[n, vocab], 8) * 4.0).unwrap();
+            let targets: Vec<u32> = (0..n as u32).map(|i| (i * 97 + 5) % vocab as u32).collect();
+            let both = row_logprobs(&z, &targets).unwrap();
+            let want_lp = both.narrow(1, 0, 1).unwrap().flatten_all().unwrap();
+            let lse: Vec<f32> = both
+                .narrow(1, 1, 1)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let want_dz = logprob_grad(&z, 0, &targets, &lse, &vec![1f32; n]).unwrap();
+            let dz = z.copy().unwrap();
+            let lp = logprobs_into_grad(&dz, &targets).unwrap();
+            let lp = Tensor::from_vec(lp, n, &Device::Cpu).unwrap();
+            assert!(
+                max_rel(&lp, &want_lp) < 1e-6,
+                "{n}x{vocab}: {}",
+                max_rel(&lp, &want_lp)
+            );
+            assert!(
+                max_rel(&dz, &want_dz) < 1e-6,
+                "{n}x{vocab}: {}",
+                max_rel(&dz, &want_dz)
+            );
+        }
+        // A bad target is an error, not an out-of-bounds write.
+        let z = randn(&[2, 8], 1);
+        assert!(logprobs_into_grad(&z, &[1, 8])
+            .unwrap_err()
+            .to_string()
+            .contains("target 8"));
+    }
+
+    #[test]
+    fn linear_matches_unfused() {
+        for (x_shape, out) in [
+            (&[1usize, 1][..], 1usize),
+            (&[3, 65, 48][..], 17),
+            (&[2, 5, 7, 32][..], 96),
+            (&[300, 64][..], 256),
+        ] {
+            let inner = x_shape[x_shape.len() - 1];
+            check2(
+                (x_shape, &[out, inner]),
+                |x, w| linear(x, w).unwrap(),
+                |x, w| {
+                    let rows = x.elem_count() / inner;
+                    let mut dims = x.dims().to_vec();
+                    *dims.last_mut().unwrap() = out;
+                    x.reshape((rows, inner))
+                        .unwrap()
+                        .matmul(&w.t().unwrap())
+                        .unwrap()
+                        .reshape(dims)
+                        .unwrap()
+                },
+                1e-6,
+            );
+        }
+        // A transposed (strided) input gives the same product as its contiguous copy.
+        let x = randn(&[16, 24], 3).t().unwrap();
+        let w = randn(&[5, 16], 4);
+        let a = linear(&x, &w).unwrap();
+        let b = linear(&x.contiguous().unwrap(), &w).unwrap();
+        assert_eq!(max_rel(&a, &b), 0.0);
+        assert!(linear(&randn(&[4, 8], 1), &randn(&[3, 7], 2)).is_err());
     }
 
     #[test]

@@ -57,6 +57,13 @@ fn push_tracked(out: &mut Vec<Tensor>, t: &Tensor) {
 
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        if super::fused::applies(&[x, &self.weight]) {
+            let y = super::fused::linear(x, &self.weight)?;
+            return match &self.bias {
+                Some(b) => y.broadcast_add(b),
+                None => Ok(y),
+            };
+        }
         // (.., in) -> (rows, in) @ (in, out): one GEMM whatever the leading dims.
         let dims = x.dims().to_vec();
         let inner = dims[dims.len() - 1];

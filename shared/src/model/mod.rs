@@ -15,6 +15,7 @@ mod fused;
 mod initial;
 mod layers;
 mod recompute;
+mod simd;
 mod weights;
 
 use std::collections::HashMap;

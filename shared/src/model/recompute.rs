@@ -286,19 +286,16 @@ pub(crate) fn chunked_logprob_sum(
     } else {
         Vec::new()
     };
-    let mut lps = Vec::with_capacity(n.div_ceil(rows));
+    let mut lps = Vec::with_capacity(n);
     let mut dh = Vec::with_capacity(n.div_ceil(rows));
     for start in (0..n).step_by(rows) {
         let len = rows.min(n - start);
         let h_c = hd.narrow(0, start, len)?;
-        let z = chunk_logits(&h_c, &wd, None)?;
-        let chunk_targets = &host_targets[start..start + len];
-        let both = super::fused::row_logprobs(&z, chunk_targets)?;
-        lps.push(both.narrow(1, 0, 1)?);
-        let lse: Vec<f32> = both.narrow(1, 1, 1)?.flatten_all()?.to_vec1()?;
-        // d lp_i / d z_ij = 1[j = target_i] − p_ij, for a unit gradient.
-        let dz = super::fused::logprob_grad(&z, 0, chunk_targets, &lse, &vec![1f32; len])?;
-        drop(z);
+        // The chunk's logits become d lp_i / d z_ij = 1[j = target_i] − p_ij (a unit gradient)
+        // in place: the matmul's fresh output, shared with no other tensor.
+        let dz = chunk_logits(&h_c, &wd, None)?;
+        let chunk_lps = super::fused::logprobs_into_grad(&dz, &host_targets[start..start + len])?;
+        lps.extend(chunk_lps);
         if track_h {
             dh.push(dz.matmul(&wd)?);
         }
@@ -306,7 +303,7 @@ pub(crate) fn chunked_logprob_sum(
             super::fused::add_transposed_product(&mut dw, &dz, &h_c, start > 0)?;
         }
     }
-    let value = Tensor::cat(&lps, 0)?.sum_all()?;
+    let value = Tensor::from_vec(lps, n, hidden.device())?.sum_all()?;
     let dh = if track_h {
         Some(Tensor::cat(&dh, 0)?)
     } else {

@@ -22,6 +22,7 @@ use rayon::prelude::*;
 
 use super::OUTSIDE;
 use crate::model::fused::tile_product;
+use crate::model::simd::{detect_isa, fast_exp, Isa};
 
 /// Queries per forward task and per backward query tile.
 pub(crate) const BLOCK_Q: usize = 64;
@@ -98,56 +99,6 @@ impl Dims {
     fn rep(&self) -> usize {
         self.heads / self.kv_heads
     }
-}
-
-/// Whether this CPU runs the AVX2 + FMA build of the kernels.
-#[derive(Debug, Clone, Copy)]
-enum Isa {
-    #[cfg(target_arch = "x86_64")]
-    Avx2Fma,
-    Generic,
-}
-
-fn detect_isa() -> Isa {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        return Isa::Avx2Fma;
-    }
-    Isa::Generic
-}
-
-// ---------------------------------------------------------------------------------------------
-// Vectorisable primitives. `FMA` selects `mul_add`, which is only fast (and only used) in the
-// build compiled with the `fma` target feature.
-
-#[inline(always)]
-fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
-    if FMA {
-        a.mul_add(b, c)
-    } else {
-        a * b + c
-    }
-}
-
-/// `exp(x)` as a polynomial (Cephes `expf`: range reduction by ln 2, degree-6 minimax), within
-/// 2 ulp of `f32::exp` on `[-87, 88]`; vectorises where the libm call does not. Inputs below
-/// -87.3 return ~1e-38 instead of 0 (only differences `s - max <= 0` are passed).
-#[inline(always)]
-fn fast_exp<const FMA: bool>(x: f32) -> f32 {
-    let x = x.clamp(-87.336_54, 88.722_83);
-    let n = (x * std::f32::consts::LOG2_E + 0.5).floor();
-    let r = madd::<FMA>(n, -0.693_359_4, x);
-    let r = madd::<FMA>(n, 2.121_944_4e-4, r);
-    let mut p = 1.987_569_1e-4f32;
-    p = madd::<FMA>(p, r, 1.398_199_9e-3);
-    p = madd::<FMA>(p, r, 8.333_452e-3);
-    p = madd::<FMA>(p, r, 4.166_579_6e-2);
-    p = madd::<FMA>(p, r, 1.666_666_5e-1);
-    p = madd::<FMA>(p, r, 0.5);
-    let y = madd::<FMA>(p, r * r, r) + 1.0;
-    // 2^n by building the exponent bits; n is in [-126, 128] after the clamp.
-    let two_n = f32::from_bits(((n as i32 + 127).clamp(1, 254) as u32) << 23);
-    y * two_n
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -609,25 +560,5 @@ fn backward_group<T: Elem, const FMA: bool>(
     }
     for (out, &x) in dq.iter_mut().zip(&dq_acc) {
         *out = T::from_f32(x);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn fast_exp_is_within_a_few_ulp() {
-        let mut worst = 0f32;
-        let mut x = -87.0f32;
-        while x < 88.0 {
-            let want = x.exp();
-            let got = fast_exp::<false>(x);
-            worst = worst.max(((got - want) / want).abs());
-            x += 0.0137;
-        }
-        assert!(worst < 3e-7, "worst relative error {worst}");
-        assert_eq!(fast_exp::<false>(0.0), 1.0);
-        assert!(fast_exp::<false>(f32::NEG_INFINITY) < 1e-37);
     }
 }
