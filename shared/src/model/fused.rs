@@ -7,7 +7,8 @@
 //! - [`rotary_heads_first`]: rotary embeddings while moving the heads first (unfused: a
 //!   transposing copy and 8 ops forward, about as many in backward);
 //! - [`row_logprobs`] / [`logprob_grad`]: the log-softmax gather of one chunk of LM-head logits
-//!   and its gradient (unfused: 6 and 7 passes over the `rows × vocab` chunk);
+//!   and its gradient (unfused: 6 and 7 passes over the `rows × vocab` chunk), and
+//!   [`logprobs_into_grad`], both at once in the chunk's own buffer (one exp per logit);
 //! - [`linear`]: `x · wᵀ` as one product reading the weight in place (unfused: two reshapes,
 //!   a transpose and a matmul, each summed into a zeroed gradient buffer in backward);
 //! - [`gemm_product`] (and [`tile_product`], on the calling thread): matrix products into a
@@ -720,29 +721,13 @@ impl CustomOp2 for LinearOp {
         let op = self.name();
         let (rows, inner, out) = linear_dims(op, l1, l2)?;
         let (x, w) = (f32s(op, "input", s1, l1)?, f32s(op, "weight", s2, l2)?);
-        let mut y = vec![0f32; rows * out];
         let mut dims = l1.dims().to_vec();
         if let Some(last) = dims.last_mut() {
             *last = out;
         }
-        if rows > 0 && out > 0 && inner > 0 {
-            // SAFETY: `x` is (rows, in) row-major (column stride 1, row stride in); `w` (out, in)
-            // read as its transpose (in, out): column stride in, row stride 1; `y` rows · out.
-            unsafe {
-                gemm_product(
-                    &mut y,
-                    (rows, out),
-                    false,
-                    x,
-                    (1, inner),
-                    w,
-                    (inner, 1),
-                    inner,
-                    1.0,
-                    matmul_parallelism(),
-                );
-            }
-        }
+        // SAFETY: `x` is (rows, in) row-major (column stride 1, row stride in); `w` (out, in)
+        // read as its transpose (in, out): column stride in, row stride 1.
+        let y = unsafe { new_product((rows, out), x, (1, inner), w, (inner, 1), inner) };
         Ok((CpuStorage::F32(y), Shape::from(dims)))
     }
 
@@ -791,24 +776,8 @@ impl CustomOp2 for LinearInputGrad {
         }
         let rows = l1.shape().elem_count() / out.max(1);
         let (dy, w) = (f32s(op, "dy", s1, l1)?, f32s(op, "weight", s2, l2)?);
-        let mut dx = vec![0f32; rows * inner];
-        if rows > 0 && inner > 0 && out > 0 {
-            // SAFETY: `dy` (rows, out) and `w` (out, in) row-major; `dx` rows · in.
-            unsafe {
-                gemm_product(
-                    &mut dx,
-                    (rows, inner),
-                    false,
-                    dy,
-                    (1, out),
-                    w,
-                    (1, inner),
-                    out,
-                    1.0,
-                    matmul_parallelism(),
-                );
-            }
-        }
+        // SAFETY: `dy` (rows, out) and `w` (out, in) row-major.
+        let dx = unsafe { new_product((rows, inner), dy, (1, out), w, (1, inner), out) };
         let mut shape = dims.to_vec();
         if let Some(last) = shape.last_mut() {
             *last = inner;
@@ -846,27 +815,58 @@ impl CustomOp2 for LinearWeightGrad {
             );
         }
         let (dy, x) = (f32s(op, "dy", s1, l1)?, f32s(op, "input", s2, l2)?);
-        let mut dw = vec![0f32; out * inner];
-        if rows > 0 && out > 0 && inner > 0 {
-            // SAFETY: `dy` (rows, out) read as its transpose (out, rows): column stride out, row
-            // stride 1; `x` (rows, in) row-major; `dw` out · in.
-            unsafe {
-                gemm_product(
-                    &mut dw,
-                    (out, inner),
-                    false,
-                    dy,
-                    (out, 1),
-                    x,
-                    (1, inner),
-                    rows,
-                    1.0,
-                    matmul_parallelism(),
-                );
-            }
-        }
+        // SAFETY: `dy` (rows, out) read as its transpose (out, rows): column stride out, row
+        // stride 1; `x` (rows, in) row-major.
+        let dw = unsafe { new_product((out, inner), dy, (out, 1), x, (1, inner), rows) };
         Ok((CpuStorage::F32(dw), Shape::from((out, inner))))
     }
+}
+
+/// A new row-major `(m, n)` buffer holding `lhs (m, k) · rhs (k, n)`, with `lhs` and `rhs`
+/// given by their (column, row) strides, parallel as candle's matmul; never zero-filled first
+/// (the product writes every element).
+///
+/// # Safety
+/// `lhs` and `rhs` must hold every element their shapes and strides reach.
+unsafe fn new_product(
+    (m, n): (usize, usize),
+    lhs: &[f32],
+    (lhs_cs, lhs_rs): (usize, usize),
+    rhs: &[f32],
+    (rhs_cs, rhs_rs): (usize, usize),
+    k: usize,
+) -> Vec<f32> {
+    if m == 0 || n == 0 || k == 0 {
+        return vec![0f32; m * n];
+    }
+    let mut dst = Vec::<f32>::with_capacity(m * n);
+    // SAFETY: `dst` has room for m · n elements, which the product writes without reading
+    // (`read_dst` false) before the length is set; the operands are the caller's guarantee.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            lhs.as_ptr(),
+            lhs_cs as isize,
+            lhs_rs as isize,
+            rhs.as_ptr(),
+            rhs_cs as isize,
+            rhs_rs as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            matmul_parallelism(),
+        );
+        dst.set_len(m * n);
+    }
+    dst
 }
 
 /// `dst (m, n) = [dst +] alpha · lhs (m, k) · rhs (k, n)` for row-major `dst`, with `lhs` and
