@@ -27,7 +27,7 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
-use super::simd::{detect_isa, exp_sum_in_place, fast_exp, row_max, sum_exp, Isa};
+use super::simd::{detect_isa, exp_sum_in_place, fast_exp, madd, row_max, sum_exp, Isa};
 
 /// Elements per parallel task of the elementwise kernels.
 const TASK: usize = 1 << 14;
@@ -686,6 +686,132 @@ pub(crate) fn linear(x: &Tensor, w: &Tensor) -> candle_core::Result<Tensor> {
 
 struct LinearOp;
 
+/// Rows (from 2; one row is the `gemm` crate's own matrix-vector path) up to which [`linear`]'s forward takes dot products with the weight's rows where they
+/// lie ([`skinny_product`]) instead of a GEMM, which packs the whole weight on every call: for
+/// a decode step's few rows that copy cost more than the product (batch 8 of the 22M bench
+/// model: two thirds of the step).
+const SKINNY_ROWS: usize = 32;
+
+/// Outputs per parallel task of [`skinny_product`] (a multiple of 4).
+const SKINNY_OUTPUTS: usize = 64;
+
+/// Multiply-adds below which [`skinny_product`] runs on the calling thread.
+const SKINNY_SERIAL_MACS: usize = 1 << 21;
+
+/// `x (rows, in) · wᵀ` for `w` `(out, in)`, both row-major, as dot products: every weight row is
+/// read once, from where it lies, against all `rows` inputs. Parallel over fixed blocks of
+/// outputs; each output is one task's dot product, summed in a fixed lane order, so the result
+/// does not depend on the thread count.
+fn skinny_product(x: &[f32], w: &[f32], rows: usize, inner: usize, out: usize) -> Vec<f32> {
+    if rows == 0 || out == 0 {
+        return Vec::new();
+    }
+    let isa = detect_isa();
+    // Transposed, (out, rows): each task writes one contiguous block.
+    let mut yt = vec![0f32; out * rows];
+    let task = |(task, block): (usize, &mut [f32])| {
+        let o0 = task * SKINNY_OUTPUTS;
+        let w = &w[o0 * inner..(o0 + block.len() / rows) * inner];
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `detect_isa` returned AVX2 + FMA after checking this CPU.
+            Isa::Avx2Fma => unsafe { skinny_block_avx2(block, x, w, rows, inner) },
+            Isa::Generic => skinny_block::<false>(block, x, w, rows, inner),
+        }
+    };
+    // A small product runs on the calling thread: waking the pool costs more than it saves.
+    if rows * inner * out < SKINNY_SERIAL_MACS {
+        yt.chunks_mut(SKINNY_OUTPUTS * rows)
+            .enumerate()
+            .for_each(task);
+    } else {
+        yt.par_chunks_mut(SKINNY_OUTPUTS * rows)
+            .enumerate()
+            .for_each(task);
+    }
+    let mut y = vec![0f32; rows * out];
+    for (o, col) in yt.chunks_exact(rows).enumerate() {
+        for (r, &v) in col.iter().enumerate() {
+            y[r * out + o] = v;
+        }
+    }
+    y
+}
+
+/// [`skinny_block`] compiled with AVX2 and FMA.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn skinny_block_avx2(yt: &mut [f32], x: &[f32], w: &[f32], rows: usize, inner: usize) {
+    skinny_block::<true>(yt, x, w, rows, inner)
+}
+
+/// One block of [`skinny_product`]: `yt` `(n, rows)` for the `n` weight rows `w` `(n, in)`,
+/// four weight rows at a time (eight independent accumulators under AVX2).
+#[inline(always)]
+fn skinny_block<const FMA: bool>(yt: &mut [f32], x: &[f32], w: &[f32], rows: usize, inner: usize) {
+    let n = yt.len() / rows;
+    let mut o = 0;
+    while o + 4 <= n {
+        let ws = [
+            &w[o * inner..(o + 1) * inner],
+            &w[(o + 1) * inner..(o + 2) * inner],
+            &w[(o + 2) * inner..(o + 3) * inner],
+            &w[(o + 3) * inner..(o + 4) * inner],
+        ];
+        for r in 0..rows {
+            let d = dots4::<FMA>(&x[r * inner..(r + 1) * inner], ws);
+            for (j, d) in d.into_iter().enumerate() {
+                yt[(o + j) * rows + r] = d;
+            }
+        }
+        o += 4;
+    }
+    for o in o..n {
+        let wr = &w[o * inner..(o + 1) * inner];
+        for r in 0..rows {
+            let xr = &x[r * inner..(r + 1) * inner];
+            yt[o * rows + r] = dots4::<FMA>(xr, [wr, wr, wr, wr])[0];
+        }
+    }
+}
+
+/// `[a · b_0, .., a · b_3]`, each over [`LANES`](super::simd::LANES) lanes summed in lane order.
+#[inline(always)]
+fn dots4<const FMA: bool>(a: &[f32], b: [&[f32]; 4]) -> [f32; 4] {
+    const L: usize = super::simd::LANES;
+    let (mut s0, mut s1, mut s2, mut s3) = ([0f32; L], [0f32; L], [0f32; L], [0f32; L]);
+    let full = a.len() / L * L;
+    let lanes = |v: &[f32], k: usize| -> [f32; L] {
+        let mut out = [0f32; L];
+        out.copy_from_slice(&v[k..k + L]);
+        out
+    };
+    for k in (0..full).step_by(L) {
+        let (av, b0, b1, b2, b3) = (
+            lanes(a, k),
+            lanes(b[0], k),
+            lanes(b[1], k),
+            lanes(b[2], k),
+            lanes(b[3], k),
+        );
+        for l in 0..L {
+            s0[l] = madd::<FMA>(av[l], b0[l], s0[l]);
+            s1[l] = madd::<FMA>(av[l], b1[l], s1[l]);
+            s2[l] = madd::<FMA>(av[l], b2[l], s2[l]);
+            s3[l] = madd::<FMA>(av[l], b3[l], s3[l]);
+        }
+    }
+    let mut out = [0f32; 4];
+    for ((o, s), b) in out.iter_mut().zip([s0, s1, s2, s3]).zip(b) {
+        let tail: f32 = a[full..].iter().zip(&b[full..]).map(|(x, y)| x * y).sum();
+        *o = s.iter().sum::<f32>() + tail;
+    }
+    out
+}
+
 /// `(rows, in, out)` of a linear layer's input `(.., in)` and weight `(out, in)`.
 fn linear_dims(op: &str, lx: &Layout, lw: &Layout) -> candle_core::Result<(usize, usize, usize)> {
     let (out, inner) = lw.shape().dims2()?;
@@ -725,9 +851,13 @@ impl CustomOp2 for LinearOp {
         if let Some(last) = dims.last_mut() {
             *last = out;
         }
-        // SAFETY: `x` is (rows, in) row-major (column stride 1, row stride in); `w` (out, in)
-        // read as its transpose (in, out): column stride in, row stride 1.
-        let y = unsafe { new_product((rows, out), x, (1, inner), w, (inner, 1), inner) };
+        let y = if (2..=SKINNY_ROWS).contains(&rows) {
+            skinny_product(x, w, rows, inner, out)
+        } else {
+            // SAFETY: `x` is (rows, in) row-major (column stride 1, row stride in); `w` (out, in)
+            // read as its transpose (in, out): column stride in, row stride 1.
+            unsafe { new_product((rows, out), x, (1, inner), w, (inner, 1), inner) }
+        };
         Ok((CpuStorage::F32(y), Shape::from(dims)))
     }
 
@@ -1236,6 +1366,10 @@ mod tests {
     fn linear_matches_unfused() {
         for (x_shape, out) in [
             (&[1usize, 1][..], 1usize),
+            // Up to SKINNY_ROWS rows: dot products, outputs past a multiple of 4 and of a
+            // task, inputs past a multiple of the lanes.
+            (&[2, 9, 40][..], 70),
+            (&[32, 100][..], 130),
             (&[3, 65, 48][..], 17),
             (&[2, 5, 7, 32][..], 96),
             (&[300, 64][..], 256),
