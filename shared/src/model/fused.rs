@@ -243,17 +243,11 @@ fn swiglu_grad_chunk<const FMA: bool>(
     u: &[f32],
     dy: &[f32],
 ) {
-    for i in 0..g
-        .len()
-        .min(dg.len())
-        .min(du.len())
-        .min(u.len())
-        .min(dy.len())
-    {
-        let (g, u, dy) = (g[i], u[i], dy[i]);
+    let inputs = g.iter().zip(u).zip(dy);
+    for ((dg, du), ((&g, &u), &dy)) in dg.iter_mut().zip(du.iter_mut()).zip(inputs) {
         let s = 1.0 / (1.0 + fast_exp::<FMA>(-g));
-        dg[i] = dy * u * s * (1.0 + g * (1.0 - s));
-        du[i] = dy * (g * s);
+        *dg = dy * u * s * (1.0 + g * (1.0 - s));
+        *du = dy * (g * s);
     }
 }
 
@@ -1019,27 +1013,18 @@ unsafe fn new_product(
     }
     let mut dst = Vec::<f32>::with_capacity(m * n);
     // SAFETY: `dst` has room for m · n elements, which the product writes without reading
-    // (`read_dst` false) before the length is set; the operands are the caller's guarantee.
+    // (`accumulate` false) before the length is set; the operands are the caller's guarantee.
     unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
+        gemm_raw(
             dst.as_mut_ptr(),
-            1,
-            n as isize,
+            (m, n),
             false,
-            lhs.as_ptr(),
-            lhs_cs as isize,
-            lhs_rs as isize,
-            rhs.as_ptr(),
-            rhs_cs as isize,
-            rhs_rs as isize,
+            lhs,
+            (lhs_cs, lhs_rs),
+            rhs,
+            (rhs_cs, rhs_rs),
+            k,
             1.0,
-            1.0,
-            false,
-            false,
-            false,
             matmul_parallelism(),
         );
         dst.set_len(m * n);
@@ -1068,11 +1053,48 @@ pub(crate) unsafe fn gemm_product(
     parallelism: gemm::Parallelism,
 ) {
     debug_assert!(dst.len() >= m * n);
+    // SAFETY: the caller's guarantees; `dst` holds m · n initialised elements.
+    unsafe {
+        gemm_raw(
+            dst.as_mut_ptr(),
+            (m, n),
+            accumulate,
+            lhs,
+            (lhs_cs, lhs_rs),
+            rhs,
+            (rhs_cs, rhs_rs),
+            k,
+            alpha,
+            parallelism,
+        )
+    }
+}
+
+/// [`gemm_product`] into `m · n` elements at `dst`, which need not be initialised unless
+/// `accumulate` (the product writes every element and reads none otherwise).
+///
+/// # Safety
+/// As [`gemm_product`], and `dst` must be valid for writes of `m · n` elements (and reads, with
+/// `accumulate`).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn gemm_raw(
+    dst: *mut f32,
+    (m, n): (usize, usize),
+    accumulate: bool,
+    lhs: &[f32],
+    (lhs_cs, lhs_rs): (usize, usize),
+    rhs: &[f32],
+    (rhs_cs, rhs_rs): (usize, usize),
+    k: usize,
+    alpha: f32,
+    parallelism: gemm::Parallelism,
+) {
     gemm::gemm(
         m,
         n,
         k,
-        dst.as_mut_ptr(),
+        dst,
         1,
         n as isize,
         accumulate,
