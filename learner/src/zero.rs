@@ -1,24 +1,35 @@
 //! AdamW with its state sharded over the ranks of a learner group (ZeRO stage 1/2, issue 17).
 //!
-//! The trained parameters, sorted by name, are laid end to end as one flat f32 vector; rank `r`
-//! of `W` owns the elements [`shard_range`]`(total, r, W)` and keeps the f32 master weights and
-//! the two Adam moments of those elements only (12 bytes per owned parameter instead of 12 per
-//! parameter). One step:
+//! The trained parameters, sorted by name, are laid end to end as one flat vector; rank `r` of
+//! `W` owns the elements [`shard_range`]`(total, r, W)` and keeps the f32 master weights and the
+//! two Adam moments of those elements only (12 bytes per owned parameter instead of 12 per
+//! parameter), **on the parameters' device**. The flat vector itself is never built: every
+//! collective runs in buckets ([`BUCKET`] elements per rank), each bucket being every rank's
+//! next piece of its own shard, padded to the longest, so that the collective cuts equal
+//! chunks (NCCL's reduce-scatter and all-gather do) and the device holds `W × BUCKET` elements
+//! of a collective's buffer at a time. One step:
 //!
-//! 1. each micro-batch's gradients are flattened and **reduce-scattered** as soon as backward
-//!    has produced them ([`ShardedAdamW::flush`], through a [`GroupSink`]): each rank adds the
-//!    sum over ranks of its shard to a shard accumulator, so no rank holds a full gradient sum
-//!    (ZeRO-2). The sums are f64 by default ([`AdamWConfig::grad_accum`]): f32 gradients added
-//!    in f64 are exact in practice, so the step's gradient is the same bits however the
-//!    micro-batches are spread over the ranks, and the same as a single process's;
-//! 2. the squared norm of each shard is **all-reduced** (with the per-parameter "received a
-//!    gradient" flags): every rank has the global norm, so clipping and the NaN/inf guard decide
-//!    the same on every rank without a host read per tensor;
-//! 3. each rank applies the AdamW update of [`crate::optim::AdamW`] to its shard, element by
-//!    element in the same f32 operations in the same order as candle's tensor ops there (so the
-//!    update is bit-for-bit that of a single process given the same summed gradient);
-//! 4. the updated master shards are **all-gathered** and every rank writes the result, cast to
-//!    the model's dtype, into its weights.
+//! 1. each micro-batch's gradients are **reduce-scattered** as soon as backward has produced
+//!    them ([`ShardedAdamW::flush`], through a [`GroupSink`]), bucket by bucket: the bucket is
+//!    cut from the gradients where they lie (converted to the accumulation dtype a piece at a
+//!    time, never copied whole) and each rank adds the sum over ranks of its piece to its shard
+//!    of the step's gradient, so no rank holds a full gradient sum (ZeRO-2). The sums are f64
+//!    by default ([`AdamWConfig::grad_accum`]): f32 gradients added in f64 are exact in
+//!    practice, so the step's gradient is the same bits however the micro-batches are spread
+//!    over the ranks, and the same as a single process's;
+//! 2. the squared norm of each shard (summed on the device, one scalar read) is
+//!    **all-reduced** with the per-parameter "received a gradient" flags: every rank has the
+//!    global norm, so clipping and the NaN/inf guard decide the same on every rank without a
+//!    host read per tensor;
+//! 3. each rank applies the AdamW update of [`crate::optim::AdamW`] to its shard, parameter
+//!    slice by parameter slice, in the same tensor operations (element-wise, so the update is
+//!    bit-for-bit that of a single process given the same summed gradient);
+//! 4. the updated master shards are **all-gathered**, bucket by bucket, and every rank writes
+//!    each bucket, cast to the model's dtype, into its weights in place.
+//!
+//! The collectives take tensors ([`Collective::reduce_scatter_sum_tensor`],
+//! [`Collective::all_gather_tensor`]): the NCCL backend runs them on the device's buffers, the
+//! CPU backend through host slices.
 //!
 //! The state is saved by every rank in parallel, each its own shard
 //! ([`ShardedAdamW::save_shard`]: `optimizer.rank-R-of-W.safetensors`, the flat f32 master
@@ -36,8 +47,8 @@ use std::path::{Path, PathBuf};
 
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var};
+pub use cascade_shared::collective::BUCKET;
 use cascade_shared::collective::{shard_range, Collective};
-use cascade_shared::config::GradAccum;
 
 use crate::error::{LearnerError, Result};
 use crate::optim::{
@@ -53,8 +64,8 @@ struct FlatParam {
     var: Var,
     offset: usize,
     numel: usize,
-    /// Sum of this rank's micro-batch gradients since the last step (f32).
-    grad: Option<Tensor>,
+    /// This rank's micro-batch gradients since the last flush.
+    grad: Option<Pending>,
     /// Updates received (per parameter, as in torch).
     steps: u64,
 }
@@ -63,6 +74,27 @@ impl FlatParam {
     fn range(&self) -> Range<usize> {
         self.offset..self.offset + self.numel
     }
+}
+
+/// A parameter's gradients waiting for the next flush.
+enum Pending {
+    /// One micro-batch's gradient as backward made it (shared with its `GradStore`, so never
+    /// written; converted piece by piece as it is sent).
+    Raw(Tensor),
+    /// The sum of several, in [`AdamWConfig::grad_accum`]'s dtype (ours to add into).
+    Sum(Tensor),
+}
+
+/// Piece `k` of this rank's shard (see [`BUCKET`]) and its state, on the parameters' device.
+struct Piece {
+    /// Its elements of the flat vector (empty where this rank's shard is shorter).
+    range: Range<usize>,
+    master: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    /// The group's gradient summed so far this step, these elements of it, in
+    /// [`AdamWConfig::grad_accum`]'s dtype.
+    grad: Option<Tensor>,
 }
 
 /// AdamW whose master weights and moments are sharded over the ranks of a [`Collective`].
@@ -74,31 +106,15 @@ pub struct ShardedAdamW {
     world: usize,
     /// This rank's elements of the flat vector.
     shard: Range<usize>,
-    master: Vec<f32>,
-    exp_avg: Vec<f32>,
-    exp_avg_sq: Vec<f32>,
-    /// The group's gradient summed so far this step, this rank's shard of it (ZeRO-2: each
-    /// micro-batch's gradients are reduce-scattered by [`ShardedAdamW::flush`]).
-    grad_shard: Option<ShardSum>,
+    /// Elements per rank and bucket ([`BUCKET`] unless [`ShardedAdamW::with_bucket`]).
+    bucket: usize,
+    /// The parameters' device, where the state and the collectives' buffers live.
+    device: Device,
+    /// This rank's shard in buckets: piece `k` is its part of bucket `k`.
+    pieces: Vec<Piece>,
     /// Which parameters received a gradient this step on this rank.
     got: Vec<bool>,
     counters: Counters,
-}
-
-/// A shard of the step's gradient sum, in [`AdamWConfig::grad_accum`]'s precision.
-enum ShardSum {
-    F32(Vec<f32>),
-    F64(Vec<f64>),
-}
-
-impl ShardSum {
-    /// The sum as the update uses it: rounded once to f32.
-    fn into_f32(self) -> Vec<f32> {
-        match self {
-            ShardSum::F32(v) => v,
-            ShardSum::F64(v) => v.into_iter().map(|x| x as f32).collect(),
-        }
-    }
 }
 
 /// The overlap of `a` and `b` (empty when they do not meet).
@@ -110,12 +126,31 @@ fn flat_f32(t: &Tensor) -> Result<Vec<f32>> {
     Ok(t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?)
 }
 
-fn flat_f64(t: &Tensor) -> Result<Vec<f64>> {
-    Ok(t.flatten_all()?.to_dtype(DType::F64)?.to_vec1::<f64>()?)
+/// Rank `rank`'s piece of bucket `k`: the elements of its shard of `total` from `k × bucket`
+/// on, at most `bucket` of them (empty past its end).
+fn piece_range(total: usize, rank: usize, world: usize, bucket: usize, k: usize) -> Range<usize> {
+    let s = shard_range(total, rank, world);
+    let start = (s.start + k * bucket).min(s.end);
+    start..(start + bucket).min(s.end)
+}
+
+/// `t` followed by zeros up to `len` elements (1-D).
+fn padded(t: Tensor, len: usize) -> Result<Tensor> {
+    let n = t.elem_count();
+    if n == len {
+        return Ok(t);
+    }
+    let zeros = Tensor::zeros(len - n, t.dtype(), t.device())?;
+    Ok(if n == 0 {
+        zeros
+    } else {
+        Tensor::cat(&[&t, &zeros], 0)?
+    })
 }
 
 impl ShardedAdamW {
-    /// The optimizer of rank `rank` of `world` over `params` (sorted by name internally).
+    /// The optimizer of rank `rank` of `world` over `params` (sorted by name internally). Its
+    /// state lives on the parameters' device.
     pub fn new(
         params: Vec<(String, Var)>,
         cfg: AdamWConfig,
@@ -136,6 +171,18 @@ impl ShardedAdamW {
                 w[0].0
             )));
         }
+        let device = params
+            .first()
+            .map(|(_, v)| v.device().clone())
+            .unwrap_or(Device::Cpu);
+        if let Some((name, _)) = params
+            .iter()
+            .find(|(_, v)| !v.device().same_device(&device))
+        {
+            return Err(LearnerError::InvalidCall(format!(
+                "parameter {name} is on another device than the others"
+            )));
+        }
         let mut offset = 0;
         let params: Vec<FlatParam> = params
             .into_iter()
@@ -154,30 +201,129 @@ impl ShardedAdamW {
             })
             .collect();
         let total = offset;
-        let shard = shard_range(total, rank, world);
         let n_params = params.len();
-        let mut master = Vec::with_capacity(shard.len());
-        for p in &params {
-            let part = overlap(&p.range(), &shard);
-            if part.is_empty() {
-                continue;
-            }
-            let values = flat_f32(p.var.as_tensor())?;
-            master.extend_from_slice(&values[part.start - p.offset..part.end - p.offset]);
-        }
-        Ok(ShardedAdamW {
+        let mut opt = ShardedAdamW {
             cfg,
             params,
             total,
             rank,
             world,
-            exp_avg: vec![0.0; shard.len()],
-            exp_avg_sq: vec![0.0; shard.len()],
-            master,
-            shard,
-            grad_shard: None,
+            shard: shard_range(total, rank, world),
+            bucket: BUCKET,
+            device,
+            pieces: Vec::new(),
             got: vec![false; n_params],
             counters: Counters::default(),
+        };
+        opt.init_pieces()?;
+        Ok(opt)
+    }
+
+    /// The same optimizer with buckets of `bucket` elements per rank (at least 1; every rank
+    /// of a group must use the same). Call before any other method: the state restarts from
+    /// the weights.
+    pub fn with_bucket(mut self, bucket: usize) -> Result<Self> {
+        if bucket == 0 {
+            return Err(LearnerError::InvalidCall("a bucket of 0 elements".into()));
+        }
+        self.bucket = bucket;
+        self.init_pieces()?;
+        Ok(self)
+    }
+
+    /// Fresh state: masters from the weights, zero moments.
+    fn init_pieces(&mut self) -> Result<()> {
+        let masters = (0..self.buckets())
+            .map(|k| {
+                let range = self.piece(k);
+                self.flat_slice(range, DType::F32, |_, p| {
+                    Ok(Some(p.var.as_tensor().clone()))
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.set_state(masters, None)
+    }
+
+    /// Replaces the state: `masters[k]` is piece `k`'s; the moments are `moments[k]` (or zeros).
+    fn set_state(
+        &mut self,
+        masters: Vec<Tensor>,
+        moments: Option<Vec<(Tensor, Tensor)>>,
+    ) -> Result<()> {
+        let mut moments = moments.map(Vec::into_iter);
+        self.pieces = masters
+            .into_iter()
+            .enumerate()
+            .map(|(k, master)| {
+                let range = self.piece(k);
+                let (exp_avg, exp_avg_sq) = match moments.as_mut().and_then(Iterator::next) {
+                    Some(m) => m,
+                    None => {
+                        let zeros = Tensor::zeros(range.len(), DType::F32, &self.device)?;
+                        (zeros.clone(), zeros)
+                    }
+                };
+                Ok(Piece {
+                    range,
+                    master,
+                    exp_avg,
+                    exp_avg_sq,
+                    grad: None,
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(())
+    }
+
+    /// Buckets per collective: as many as the longest shard (rank 0's) has pieces.
+    fn buckets(&self) -> usize {
+        shard_range(self.total, 0, self.world)
+            .len()
+            .div_ceil(self.bucket)
+    }
+
+    /// This rank's piece of bucket `k`.
+    fn piece(&self, k: usize) -> Range<usize> {
+        piece_range(self.total, self.rank, self.world, self.bucket, k)
+    }
+
+    /// Every rank's piece of bucket `k`, and the bucket's width per rank (the longest).
+    fn bucket_pieces(&self, k: usize) -> (Vec<Range<usize>>, usize) {
+        let pieces: Vec<_> = (0..self.world)
+            .map(|r| piece_range(self.total, r, self.world, self.bucket, k))
+            .collect();
+        let width = pieces.iter().map(|p| p.len()).max().unwrap_or(0);
+        (pieces, width)
+    }
+
+    /// The elements `range` of the flat vector as one 1-D `dtype` tensor on the device, each
+    /// parameter's part taken from `of(param)` (any shape; `None` = zeros).
+    fn flat_slice(
+        &self,
+        range: Range<usize>,
+        dtype: DType,
+        of: impl Fn(usize, &FlatParam) -> Result<Option<Tensor>>,
+    ) -> Result<Tensor> {
+        let mut parts = Vec::new();
+        for (i, p) in self.params.iter().enumerate() {
+            let part = overlap(&p.range(), &range);
+            if part.is_empty() {
+                continue;
+            }
+            let t = match of(i, p)? {
+                Some(t) => t
+                    .flatten_all()?
+                    .narrow(0, part.start - p.offset, part.len())?
+                    .to_device(&self.device)?
+                    .to_dtype(dtype)?,
+                None => Tensor::zeros(part.len(), dtype, &self.device)?,
+            };
+            parts.push(t);
+        }
+        Ok(match parts.len() {
+            0 => Tensor::zeros(0, dtype, &self.device)?,
+            1 => parts.pop().expect("one part").contiguous()?,
+            _ => Tensor::cat(&parts, 0)?,
         })
     }
 
@@ -196,11 +342,29 @@ impl ShardedAdamW {
         self.shard.clone()
     }
 
-    /// Adds one micro-batch's gradients to this rank's running sum.
+    /// Adds one micro-batch's gradients to this rank's pending ones. The first is kept as
+    /// backward made it (no copy); a second before the flush starts a sum in the accumulation
+    /// dtype.
     pub fn accumulate(&mut self, grads: &GradStore) -> Result<()> {
         let dtype = accum_dtype(self.cfg.grad_accum);
         for p in &mut self.params {
-            add_gradient(&mut p.grad, grads, &p.var, dtype)?;
+            let Some(g) = grads.get(p.var.as_tensor()) else {
+                continue;
+            };
+            p.grad = Some(match p.grad.take() {
+                None => Pending::Raw(g.clone()),
+                Some(pending) => {
+                    let sum = match pending {
+                        // A copy: the raw gradient belongs to its store.
+                        Pending::Raw(raw) if raw.dtype() == dtype => raw.copy()?,
+                        Pending::Raw(raw) => raw.to_dtype(dtype)?,
+                        Pending::Sum(sum) => sum,
+                    };
+                    let mut slot = Some(sum);
+                    add_gradient(&mut slot, grads, &p.var, dtype)?;
+                    Pending::Sum(slot.expect("a sum"))
+                }
+            });
         }
         Ok(())
     }
@@ -210,62 +374,45 @@ impl ShardedAdamW {
         for p in &mut self.params {
             p.grad = None;
         }
-        self.grad_shard = None;
+        for piece in &mut self.pieces {
+            piece.grad = None;
+        }
         self.got.iter_mut().for_each(|g| *g = false);
     }
 
-    /// The gradients accumulated since the last flush, laid end to end (zeros where a
-    /// parameter got none) by `flat`, and taken: the parameters that had one are marked.
-    fn take_flat<T: Copy + Default>(
-        &mut self,
-        flat: impl Fn(&Tensor) -> Result<Vec<T>>,
-    ) -> Result<Vec<T>> {
-        let mut out = vec![T::default(); self.total];
-        for (i, p) in self.params.iter_mut().enumerate() {
-            if let Some(g) = p.grad.take() {
-                out[p.range()].copy_from_slice(&flat(&g)?);
-                self.got[i] = true;
-            }
-        }
-        Ok(out)
-    }
-
     /// Reduce-scatters the gradients accumulated since the last flush into this rank's shard
-    /// of the step's gradient, and frees them (ZeRO-2: between micro-batches a rank holds
-    /// one micro-batch's gradients and a 1/W shard of the sum, not a full f32 accumulator).
-    /// Every rank must call it the same number of times per step (see [`GroupSink`]).
+    /// of the step's gradient, bucket by bucket on the parameters' device, and frees them
+    /// (ZeRO-2: between micro-batches a rank holds one micro-batch's gradients and a 1/W shard
+    /// of the sum, never a flat copy of the gradient). Every rank must call it the same number
+    /// of times per step (see [`GroupSink`]).
     pub fn flush(&mut self, group: &mut dyn Collective) -> Result<()> {
         self.check_group(group)?;
-        let part = match self.cfg.grad_accum {
-            GradAccum::F32 => {
-                let flat = self.take_flat(flat_f32)?;
-                let mut part = vec![0f32; self.shard.len()];
-                group.reduce_scatter_sum(&flat, &mut part)?;
-                ShardSum::F32(part)
-            }
-            GradAccum::F64 => {
-                let flat = self.take_flat(flat_f64)?;
-                let mut part = vec![0f64; self.shard.len()];
-                group.reduce_scatter_sum_f64(&flat, &mut part)?;
-                ShardSum::F64(part)
-            }
-        };
-        self.grad_shard = Some(match (self.grad_shard.take(), part) {
-            (None, part) => part,
-            (Some(ShardSum::F32(mut acc)), ShardSum::F32(part)) => {
-                acc.iter_mut().zip(&part).for_each(|(a, b)| *a += b);
-                ShardSum::F32(acc)
-            }
-            (Some(ShardSum::F64(mut acc)), ShardSum::F64(part)) => {
-                acc.iter_mut().zip(&part).for_each(|(a, b)| *a += b);
-                ShardSum::F64(acc)
-            }
-            _ => {
-                return Err(LearnerError::InvalidCall(
-                    "grad_accum changed in the middle of a step".into(),
-                ))
-            }
-        });
+        let dtype = accum_dtype(self.cfg.grad_accum);
+        let mut pending: Vec<Option<Tensor>> = Vec::with_capacity(self.params.len());
+        for (i, p) in self.params.iter_mut().enumerate() {
+            pending.push(p.grad.take().map(|g| match g {
+                Pending::Raw(t) | Pending::Sum(t) => t,
+            }));
+            self.got[i] |= pending[i].is_some();
+        }
+        let grad_of = |i: usize, _: &FlatParam| Ok(pending[i].clone());
+        for k in 0..self.buckets() {
+            let (ranges, width) = self.bucket_pieces(k);
+            let parts = ranges
+                .into_iter()
+                .map(|r| padded(self.flat_slice(r, dtype, grad_of)?, width))
+                .collect::<Result<Vec<_>>>()?;
+            let send = Tensor::cat(&parts, 0)?;
+            drop(parts);
+            let sum = group.reduce_scatter_sum_tensor(&send)?;
+            drop(send);
+            let piece = &mut self.pieces[k];
+            let mine = sum.narrow(0, 0, piece.range.len())?;
+            piece.grad = Some(match piece.grad.take() {
+                None => mine,
+                Some(acc) => (acc + mine)?,
+            });
+        }
         Ok(())
     }
 
@@ -276,25 +423,36 @@ impl ShardedAdamW {
     pub fn step(&mut self, lr: f64, loss: f64, group: &mut dyn Collective) -> Result<StepOutcome> {
         self.check_group(group)?;
         // 1. The group's gradient, this rank's shard: what the flushes summed, plus what is still
-        // accumulated here (every rank flushes once more, so the counts match); and which
-        // parameters received a gradient on any rank.
+        // accumulated here (every rank flushes once more, so the counts match), rounded once to
+        // f32 as the update uses it; and which parameters received a gradient on any rank.
         self.flush(group)?;
-        let shard_grad = self
-            .grad_shard
-            .take()
-            .map(ShardSum::into_f32)
-            .unwrap_or_default();
+        let grads = self
+            .pieces
+            .iter_mut()
+            .map(|piece| match piece.grad.take() {
+                Some(g) => Ok(g.to_dtype(DType::F32)?),
+                None => Ok(Tensor::zeros(piece.range.len(), DType::F32, &self.device)?),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        // 2. Global squared norm: each piece's in f64 on the device, one scalar read per step,
+        // summed over ranks with the "received a gradient" flags.
+        let mut sq: Option<Tensor> = None;
+        for g in grads.iter().filter(|g| g.elem_count() > 0) {
+            let s = g.to_dtype(DType::F64)?.sqr()?.sum_all()?;
+            sq = Some(match sq {
+                None => s,
+                Some(acc) => (acc + s)?,
+            });
+        }
         let mut reduced = vec![0f64; self.params.len() + 1];
         for (i, got) in self.got.iter_mut().enumerate() {
             reduced[i] = f64::from(u8::from(*got));
             *got = false;
         }
-        // 2. Global squared norm of the f32 gradient (rank-order sum of the shards' f64 sums).
-        let sq: f64 = shard_grad
-            .iter()
-            .map(|&g| f64::from(g) * f64::from(g))
-            .sum();
-        reduced[self.params.len()] = sq;
+        reduced[self.params.len()] = match sq {
+            Some(s) => s.to_scalar::<f64>()?,
+            None => 0.0,
+        };
         group.all_reduce_sum_f64(&mut reduced)?;
         let grad_norm = reduced[self.params.len()].sqrt();
         if let Some(outcome) = guard_step(&self.cfg, &mut self.counters, loss, grad_norm)? {
@@ -305,53 +463,107 @@ impl ShardedAdamW {
             None => 1.0,
         };
         self.counters.step += 1;
-        // 3. The update of this rank's shard, in candle's f32 operations (see `AdamW::step`):
-        // `t * s` is `t * (s as f32) + 0`, `t / s` is `t * ((1 / s) as f32) + 0`, `t + s` is
-        // `t * 1 + (s as f32)`.
-        let (b1, b2) = (self.cfg.beta1, self.cfg.beta2);
-        let decay = (1.0 - lr * self.cfg.weight_decay) as f32;
-        let clip32 = clip as f32;
-        let (b1f, one_minus_b1) = (b1 as f32, (1.0 - b1) as f32);
-        let (b2f, one_minus_b2) = (b2 as f32, (1.0 - b2) as f32);
-        let eps = self.cfg.eps as f32;
-        let mut updated = Vec::with_capacity(self.params.len());
+        let mut updated = vec![false; self.params.len()];
         for (i, p) in self.params.iter_mut().enumerate() {
-            if reduced[i] == 0.0 {
-                continue;
+            if reduced[i] != 0.0 {
+                p.steps += 1;
+                updated[i] = true;
             }
-            p.steps += 1;
-            updated.push(i);
-            let part = overlap(&p.range(), &self.shard);
+        }
+        // 3. The update of this rank's pieces, parameter by parameter, in the tensor operations
+        // of `AdamW::step` (element-wise, so a slice of a parameter gets the same bits).
+        for (k, grad) in grads.into_iter().enumerate() {
+            self.update_piece(k, &grad, &updated, lr, clip)?;
+        }
+        // 4. Every rank's weights from the gathered masters, bucket by bucket.
+        for k in 0..self.buckets() {
+            let (ranges, width) = self.bucket_pieces(k);
+            let mine = padded(self.pieces[k].master.clone(), width)?;
+            let all = group.all_gather_tensor(&mine)?;
+            for (r, range) in ranges.iter().enumerate() {
+                for (p, _) in self.params.iter().zip(&updated).filter(|(_, &u)| u) {
+                    let part = overlap(&p.range(), range);
+                    if part.is_empty() {
+                        continue;
+                    }
+                    let src = all
+                        .narrow(0, r * width + part.start - range.start, part.len())?
+                        .to_dtype(p.var.dtype())?
+                        .contiguous()?;
+                    let flat = p.var.as_tensor().flatten_all()?;
+                    if !flat.is_contiguous() {
+                        return Err(LearnerError::InvalidCall(format!(
+                            "parameter {} is not contiguous",
+                            p.name
+                        )));
+                    }
+                    flat.slice_set(&src, 0, part.start - p.offset)?;
+                }
+            }
+        }
+        Ok(StepOutcome::Applied { grad_norm, lr })
+    }
+
+    /// AdamW's update of piece `k` given its f32 gradient: the segments of the parameters in
+    /// `updated` change, the others keep their state.
+    fn update_piece(
+        &mut self,
+        k: usize,
+        grad: &Tensor,
+        updated: &[bool],
+        lr: f64,
+        clip: f64,
+    ) -> Result<()> {
+        let piece = &self.pieces[k];
+        if piece.range.is_empty() {
+            return Ok(());
+        }
+        let (b1, b2) = (self.cfg.beta1, self.cfg.beta2);
+        let decay = 1.0 - lr * self.cfg.weight_decay;
+        let (mut masters, mut ms, mut vs) = (Vec::new(), Vec::new(), Vec::new());
+        for (p, &up) in self.params.iter().zip(updated) {
+            let part = overlap(&p.range(), &piece.range);
             if part.is_empty() {
                 continue;
             }
-            let k = p.steps as i32;
-            let step_size = (lr / (1.0 - b1.powi(k))) as f32;
-            let inv_bc2 = (1.0 / (1.0 - b2.powi(k)).sqrt()) as f32;
-            let local = part.start - self.shard.start..part.end - self.shard.start;
-            for j in local {
-                let mut g = shard_grad[j];
-                if clip < 1.0 {
-                    g = g * clip32 + 0.0;
-                }
-                let master = self.master[j] * decay + 0.0;
-                let m = (self.exp_avg[j] * b1f + 0.0) + (g * one_minus_b1 + 0.0);
-                let v = (self.exp_avg_sq[j] * b2f + 0.0) + ((g * g) * one_minus_b2 + 0.0);
-                let denom = (v.sqrt() * inv_bc2 + 0.0) * 1.0 + eps;
-                self.master[j] = master - ((m / denom) * step_size + 0.0);
-                self.exp_avg[j] = m;
-                self.exp_avg_sq[j] = v;
+            let at = |t: &Tensor| t.narrow(0, part.start - piece.range.start, part.len());
+            let (master, exp_avg, exp_avg_sq) = (
+                at(&piece.master)?,
+                at(&piece.exp_avg)?,
+                at(&piece.exp_avg_sq)?,
+            );
+            if !up {
+                masters.push(master);
+                ms.push(exp_avg);
+                vs.push(exp_avg_sq);
+                continue;
             }
+            let grad = at(grad)?;
+            let k = p.steps as i32;
+            let step_size = lr / (1.0 - b1.powi(k));
+            let bias_correction2_sqrt = (1.0 - b2.powi(k)).sqrt();
+            let grad = if clip < 1.0 { (grad * clip)? } else { grad };
+            let master = (master * decay)?;
+            let exp_avg = ((exp_avg * b1)? + (&grad * (1.0 - b1))?)?;
+            let exp_avg_sq = ((exp_avg_sq * b2)? + (grad.sqr()? * (1.0 - b2))?)?;
+            let denom = ((exp_avg_sq.sqrt()? / bias_correction2_sqrt)? + self.cfg.eps)?;
+            let master = (master - ((&exp_avg / denom)? * step_size)?)?;
+            masters.push(master);
+            ms.push(exp_avg);
+            vs.push(exp_avg_sq);
         }
-        // 4. Every rank's weights from the gathered masters.
-        let mut full = vec![0f32; self.total];
-        group.all_gather(&self.master, &mut full)?;
-        for i in updated {
-            let p = &self.params[i];
-            let t = Tensor::from_slice(&full[p.range()], p.var.shape(), p.var.device())?;
-            p.var.set(&t.to_dtype(p.var.dtype())?)?;
-        }
-        Ok(StepOutcome::Applied { grad_norm, lr })
+        let join = |parts: Vec<Tensor>| -> Result<Tensor> {
+            Ok(if parts.len() == 1 {
+                parts.into_iter().next().expect("one").contiguous()?
+            } else {
+                Tensor::cat(&parts, 0)?
+            })
+        };
+        let piece = &mut self.pieces[k];
+        piece.master = join(masters)?;
+        piece.exp_avg = join(ms)?;
+        piece.exp_avg_sq = join(vs)?;
+        Ok(())
     }
 
     fn check_group(&self, group: &dyn Collective) -> Result<()> {
@@ -367,18 +579,67 @@ impl ShardedAdamW {
         Ok(())
     }
 
+    /// This rank's shard of `[master, exp_avg, exp_avg_sq]`, on the host.
+    fn shard_state(&self) -> Result<[Vec<f32>; 3]> {
+        let mut out: [Vec<f32>; 3] = std::array::from_fn(|_| Vec::with_capacity(self.shard.len()));
+        for piece in self.pieces.iter().filter(|p| !p.range.is_empty()) {
+            for (o, t) in out
+                .iter_mut()
+                .zip([&piece.master, &piece.exp_avg, &piece.exp_avg_sq])
+            {
+                o.extend(t.to_vec1::<f32>()?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Sets this rank's state from host vectors of its shard (`[master, exp_avg, exp_avg_sq]`).
+    fn load_shard_state(&mut self, state: [Vec<f32>; 3]) -> Result<()> {
+        let [master, exp_avg, exp_avg_sq] = state;
+        let mut masters = Vec::new();
+        let mut moments = Vec::new();
+        for k in 0..self.buckets() {
+            let p = self.piece(k);
+            let local = p.start - self.shard.start..p.end - self.shard.start;
+            let on_device = |v: &[f32]| -> Result<Tensor> {
+                Ok(Tensor::from_slice(v, v.len(), &Device::Cpu)?.to_device(&self.device)?)
+            };
+            masters.push(on_device(&master[local.clone()])?);
+            moments.push((
+                on_device(&exp_avg[local.clone()])?,
+                on_device(&exp_avg_sq[local])?,
+            ));
+        }
+        self.set_state(masters, Some(moments))
+    }
+
     /// Gathers the state of every shard. Rank 0 gets the single-process
     /// `optimizer.safetensors` contents (write them with
-    /// [`crate::optim::OptimizerState::save`]); the other ranks get `None`. Every rank must call it.
+    /// [`crate::optim::OptimizerState::save`]); the other ranks get `None`. Every rank must call
+    /// it; only rank 0 holds the whole state, on the host.
     pub(crate) fn gather(&self, group: &mut dyn Collective) -> Result<Option<OptimizerImage>> {
         self.check_group(group)?;
-        let mut out = Vec::new();
-        for shard in [&self.exp_avg, &self.exp_avg_sq, &self.master] {
-            let mut full = vec![0f32; self.total];
-            group.all_gather(shard, &mut full)?;
-            out.push(full);
+        let root = self.rank == 0;
+        let mut out: [Vec<f32>; 3] =
+            std::array::from_fn(|_| Vec::with_capacity(if root { self.total } else { 0 }));
+        for k in 0..self.buckets() {
+            let (ranges, width) = self.bucket_pieces(k);
+            let piece = &self.pieces[k];
+            for (o, t) in out
+                .iter_mut()
+                .zip([&piece.exp_avg, &piece.exp_avg_sq, &piece.master])
+            {
+                let all = group.all_gather_tensor(&padded(t.clone(), width)?)?;
+                if root {
+                    let all = all.to_vec1::<f32>()?;
+                    o.resize(self.total, 0.0);
+                    for (r, range) in ranges.iter().enumerate() {
+                        o[range.clone()].copy_from_slice(&all[r * width..r * width + range.len()]);
+                    }
+                }
+            }
         }
-        if self.rank != 0 {
+        if !root {
             return Ok(None);
         }
         let device = Device::Cpu;
@@ -416,9 +677,8 @@ impl ShardedAdamW {
     /// after the model weights are loaded; every rank reads the file.
     pub fn load(&mut self, path: &Path) -> Result<()> {
         let mut file = OptimizerFile::read(path, &Device::Cpu)?;
-        let mut exp_avg = Vec::with_capacity(self.shard.len());
-        let mut exp_avg_sq = Vec::with_capacity(self.shard.len());
-        let mut master = Vec::with_capacity(self.shard.len());
+        let mut state: [Vec<f32>; 3] =
+            std::array::from_fn(|_| Vec::with_capacity(self.shard.len()));
         let mut steps = Vec::with_capacity(self.params.len());
         for p in &self.params {
             let dims = p.var.dims().to_vec();
@@ -436,9 +696,9 @@ impl ShardedAdamW {
                 continue;
             }
             let local = part.start - p.offset..part.end - p.offset;
-            exp_avg.extend_from_slice(&flat_f32(&m)?[local.clone()]);
-            exp_avg_sq.extend_from_slice(&flat_f32(&v)?[local.clone()]);
-            master.extend_from_slice(&flat_f32(&w)?[local]);
+            for (s, t) in state.iter_mut().zip([&w, &m, &v]) {
+                s.extend_from_slice(&flat_f32(t)?[local.clone()]);
+            }
             if p.var.dtype() != DType::F32 {
                 p.var
                     .set(&w.to_device(p.var.device())?.to_dtype(p.var.dtype())?)?;
@@ -449,9 +709,8 @@ impl ShardedAdamW {
             p.steps = s;
             p.grad = None;
         }
-        self.exp_avg = exp_avg;
-        self.exp_avg_sq = exp_avg_sq;
-        self.master = master;
+        self.load_shard_state(state)?;
+        self.got.iter_mut().for_each(|g| *g = false);
         self.counters = file.counters;
         Ok(())
     }
@@ -482,18 +741,13 @@ impl ShardedAdamW {
     pub fn save_shard(&self, path: &Path) -> Result<FileDigest> {
         let dev = Device::Cpu;
         let n = self.shard.len();
+        let [master, exp_avg, exp_avg_sq] = self.shard_state()?;
         let tensors = vec![
-            (
-                "master".to_string(),
-                Tensor::from_slice(&self.master, n, &dev)?,
-            ),
-            (
-                "exp_avg".to_string(),
-                Tensor::from_slice(&self.exp_avg, n, &dev)?,
-            ),
+            ("master".to_string(), Tensor::from_vec(master, n, &dev)?),
+            ("exp_avg".to_string(), Tensor::from_vec(exp_avg, n, &dev)?),
             (
                 "exp_avg_sq".to_string(),
-                Tensor::from_slice(&self.exp_avg_sq, n, &dev)?,
+                Tensor::from_vec(exp_avg_sq, n, &dev)?,
             ),
         ];
         let param_steps: BTreeMap<&str, u64> = self
@@ -533,15 +787,14 @@ impl ShardedAdamW {
     /// (`files[r]` written by rank `r`), reading only the overlapping pieces.
     pub fn load_shards(&mut self, files: &[PathBuf]) -> Result<()> {
         let set = ShardSet::open(files, &self.layout())?;
-        let [master, exp_avg, exp_avg_sq] = set.read_range(self.shard.clone())?;
+        let state = set.read_range(self.shard.clone())?;
         for p in &mut self.params {
             p.steps = set.param_steps(&p.name)?;
             p.grad = None;
         }
         // The weights already are the master cast to their dtype (a snapshot's model is).
-        self.master = master;
-        self.exp_avg = exp_avg;
-        self.exp_avg_sq = exp_avg_sq;
+        self.load_shard_state(state)?;
+        self.got.iter_mut().for_each(|g| *g = false);
         self.counters = set.counters;
         Ok(())
     }

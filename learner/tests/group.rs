@@ -446,12 +446,13 @@ fn a_run_checkpointed_by_two_ranks_resumes_with_one_two_or_three() -> Result<()>
 
 /// One optimizer step sharded over 3 ranks is AdamW's step bit for bit, f32 and bf16 weights,
 /// when the summed gradient is the same bits (rank 0 holds it, the others add zeros); its
-/// gathered state loads into a plain AdamW and into another number of shards.
+/// gathered state loads into a plain AdamW and into another number of shards; with buckets of
+/// every size.
 #[test]
 fn a_sharded_adamw_step_is_the_adamw_step() -> Result<()> {
     use candle_core::Var;
     use cascade_learner::optim::{AdamW, AdamWConfig};
-    use cascade_learner::zero::ShardedAdamW;
+    use cascade_learner::zero::{ShardedAdamW, BUCKET};
 
     let shapes: [(&str, &[usize], DType); 3] = [
         ("a", &[5, 3], DType::F32),
@@ -499,50 +500,60 @@ fn a_sharded_adamw_step_is_the_adamw_step() -> Result<()> {
         adamw.step(1e-2, 1.0)?;
     }
     let world = 3;
-    let rendezvous = Rendezvous::bind("127.0.0.1:0")?;
-    let addr = rendezvous.local_addr()?;
-    let mut rendezvous = Some(rendezvous);
     let dir = tempfile::tempdir()?;
     let saved = dir.path().join("optimizer.safetensors");
-    let results: Vec<Vec<(String, Var)>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..world)
-            .map(|rank| {
-                let listener = rendezvous.take();
-                let (cfg, saved) = (cfg.clone(), saved.clone());
-                s.spawn(move || {
-                    let timeout = Duration::from_secs(30);
-                    let mut group: Box<dyn Collective> = match listener {
-                        Some(l) => Box::new(l.accept(world, 1, timeout).unwrap()),
-                        None => Box::new(TcpGroup::connect(addr, rank, world, 1, timeout).unwrap()),
-                    };
-                    let vars = make();
-                    let mut opt = ShardedAdamW::new(vars.clone(), cfg, rank, world).unwrap();
-                    for _ in 0..3 {
-                        if rank == 0 {
-                            opt.accumulate(&grads(&vars)).unwrap();
+    // The default bucket holds every shard at once; 4 and 1 elements per rank cut the 26
+    // elements (shards of 9, 9, 8) into buckets whose pieces cross parameter boundaries, and
+    // leave ranks with empty pieces in the last bucket.
+    for bucket in [BUCKET, 4, 1] {
+        let rendezvous = Rendezvous::bind("127.0.0.1:0")?;
+        let addr = rendezvous.local_addr()?;
+        let mut rendezvous = Some(rendezvous);
+        let results: Vec<Vec<(String, Var)>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..world)
+                .map(|rank| {
+                    let listener = rendezvous.take();
+                    let (cfg, saved) = (cfg.clone(), saved.clone());
+                    s.spawn(move || {
+                        let timeout = Duration::from_secs(30);
+                        let mut group: Box<dyn Collective> = match listener {
+                            Some(l) => Box::new(l.accept(world, 1, timeout).unwrap()),
+                            None => {
+                                Box::new(TcpGroup::connect(addr, rank, world, 1, timeout).unwrap())
+                            }
+                        };
+                        let vars = make();
+                        let mut opt = ShardedAdamW::new(vars.clone(), cfg, rank, world)
+                            .unwrap()
+                            .with_bucket(bucket)
+                            .unwrap();
+                        for _ in 0..3 {
+                            if rank == 0 {
+                                opt.accumulate(&grads(&vars)).unwrap();
+                            }
+                            opt.step(1e-2, 1.0, group.as_mut()).unwrap();
                         }
-                        opt.step(1e-2, 1.0, group.as_mut()).unwrap();
-                    }
-                    opt.save_gathered(group.as_mut(), &saved).unwrap();
-                    vars
+                        opt.save_gathered(group.as_mut(), &saved).unwrap();
+                        vars
+                    })
                 })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    for vars in &results {
-        for ((name, a), (_, b)) in single.iter().zip(vars) {
-            let a = a
-                .as_tensor()
-                .to_dtype(DType::F32)?
-                .flatten_all()?
-                .to_vec1::<f32>()?;
-            let b = b
-                .as_tensor()
-                .to_dtype(DType::F32)?
-                .flatten_all()?
-                .to_vec1::<f32>()?;
-            assert_eq!(a, b, "{name}");
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for vars in &results {
+            for ((name, a), (_, b)) in single.iter().zip(vars) {
+                let a = a
+                    .as_tensor()
+                    .to_dtype(DType::F32)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?;
+                let b = b
+                    .as_tensor()
+                    .to_dtype(DType::F32)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?;
+                assert_eq!(a, b, "{name}, bucket {bucket}");
+            }
         }
     }
     // The gathered state is AdamW's file: a plain AdamW and 2 shards load it and take the

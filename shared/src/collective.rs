@@ -25,6 +25,8 @@ use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
+use candle_core::{DType, Tensor};
+
 /// What can go wrong in a collective.
 #[derive(Debug, thiserror::Error)]
 pub enum CollectiveError {
@@ -62,6 +64,17 @@ pub enum CollectiveError {
         /// What differed.
         detail: String,
     },
+    /// A tensor operation around a collective failed (a copy between host and device, a
+    /// dtype the operation does not take).
+    #[error("rank {rank}: {op}: {source}")]
+    Tensor {
+        /// This rank.
+        rank: usize,
+        /// The operation.
+        op: &'static str,
+        /// The cause.
+        source: candle_core::Error,
+    },
     /// Another I/O error.
     #[error("rank {rank}: {op}: {source}")]
     Io {
@@ -76,6 +89,18 @@ pub enum CollectiveError {
 
 /// Result of a collective.
 pub type Result<T> = std::result::Result<T, CollectiveError>;
+
+/// Elements per rank in one bucket of a learner group's gradient reduce-scatter and weight
+/// all-gather (the sharded optimizer's, and the NCCL backend's for host slices): each bucket is
+/// every rank's next piece of its own shard, at most this long, padded to the longest, so that
+/// the collective cuts equal chunks. 4 Mi elements: 32 MiB per rank in f64.
+pub const BUCKET: usize = 1 << 22;
+
+/// The width per rank of the buckets of a `len`-element vector sharded over `world` ranks
+/// with buckets of at most `bucket` elements: the longest shard's, or `bucket`.
+pub fn bucket_width(len: usize, world: usize, bucket: usize) -> usize {
+    shard_range(len, 0, world.max(1)).len().min(bucket)
+}
 
 /// The elements of a `len`-element buffer that rank `rank` of `world` owns: contiguous, sizes
 /// differing by at most one, the first `len % world` ranks one larger.
@@ -111,6 +136,80 @@ pub trait Collective: Send {
     fn broadcast(&mut self, buf: &mut [u8], root: usize) -> Result<()>;
     /// Returns once every rank has called it.
     fn barrier(&mut self) -> Result<()>;
+
+    /// The tensor form of [`Collective::reduce_scatter_sum`] over equal chunks: `input` is a
+    /// 1-D f32 or f64 tensor of `world × w` elements on any device; the result is the `w`
+    /// elements of chunk `rank`, summed over ranks, on `input`'s device. The learner's sharded
+    /// optimizer lays out each bucket of its gradient this way, so that the tensors stay on the
+    /// device where the backend can reduce them there (NCCL); this default goes through host
+    /// slices.
+    fn reduce_scatter_sum_tensor(&mut self, input: &Tensor) -> Result<Tensor> {
+        reduce_scatter_via_host(self, input)
+    }
+
+    /// The tensor form of [`Collective::all_gather`] over equal chunks: `chunk` is a 1-D f32
+    /// tensor of `w` elements; the result is every rank's chunk in rank order (`world × w`
+    /// elements) on `chunk`'s device. This default goes through host slices.
+    fn all_gather_tensor(&mut self, chunk: &Tensor) -> Result<Tensor> {
+        all_gather_via_host(self, chunk)
+    }
+}
+
+/// [`Collective::reduce_scatter_sum_tensor`] through host slices and
+/// [`Collective::reduce_scatter_sum`] (or its f64 form).
+pub fn reduce_scatter_via_host<C: Collective + ?Sized>(
+    c: &mut C,
+    input: &Tensor,
+) -> Result<Tensor> {
+    let (rank, world) = (c.rank(), c.world_size());
+    let op = "reduce_scatter (tensor)";
+    let len = input.elem_count();
+    if input.rank() != 1 || len % world != 0 {
+        return Err(desync(
+            rank,
+            format!(
+                "{op}: a tensor of shape {:?} is not {world} equal chunks",
+                input.dims()
+            ),
+        ));
+    }
+    let wrap = |source| CollectiveError::Tensor { rank, op, source };
+    let out = match input.dtype() {
+        DType::F32 => {
+            let host = input.to_vec1::<f32>().map_err(wrap)?;
+            let mut out = vec![0f32; len / world];
+            c.reduce_scatter_sum(&host, &mut out)?;
+            Tensor::from_vec(out, len / world, input.device())
+        }
+        DType::F64 => {
+            let host = input.to_vec1::<f64>().map_err(wrap)?;
+            let mut out = vec![0f64; len / world];
+            c.reduce_scatter_sum_f64(&host, &mut out)?;
+            Tensor::from_vec(out, len / world, input.device())
+        }
+        other => Err(candle_core::Error::Msg(format!(
+            "takes f32 or f64, not {other:?}"
+        ))),
+    };
+    out.map_err(wrap)
+}
+
+/// [`Collective::all_gather_tensor`] through host slices and [`Collective::all_gather`].
+pub fn all_gather_via_host<C: Collective + ?Sized>(c: &mut C, chunk: &Tensor) -> Result<Tensor> {
+    let (rank, world) = (c.rank(), c.world_size());
+    let op = "all_gather (tensor)";
+    let wrap = |source| CollectiveError::Tensor { rank, op, source };
+    if chunk.rank() != 1 || chunk.dtype() != DType::F32 {
+        return Err(wrap(candle_core::Error::Msg(format!(
+            "takes a 1-D f32 tensor, not {:?} {:?}",
+            chunk.dtype(),
+            chunk.dims()
+        ))));
+    }
+    let host = chunk.to_vec1::<f32>().map_err(wrap)?;
+    let mut out = vec![0f32; host.len() * world];
+    c.all_gather(&host, &mut out)?;
+    Tensor::from_vec(out, host.len() * world, chunk.device()).map_err(wrap)
 }
 
 /// One process alone: every operation is the identity.
@@ -153,6 +252,12 @@ impl Collective for Single {
     }
     fn barrier(&mut self) -> Result<()> {
         Ok(())
+    }
+    fn reduce_scatter_sum_tensor(&mut self, input: &Tensor) -> Result<Tensor> {
+        Ok(input.clone())
+    }
+    fn all_gather_tensor(&mut self, chunk: &Tensor) -> Result<Tensor> {
+        Ok(chunk.clone())
     }
 }
 

@@ -6,13 +6,14 @@
 //! ranks; `broadcast` of bytes and `barrier` stay on the control group (small control messages),
 //! and the reductions and the gather run on the device through NCCL.
 //!
-//! The learner hands the collectives host slices (the sharded optimizer's flat gradient and
-//! master shard). Each call copies them to the device in buckets of at most [`BUCKET`] elements
-//! per rank, runs the NCCL operation on a stream of its own, and copies the result back: the
-//! device holds `world × BUCKET` elements at a time, not the flat vector. Shards are
-//! [`shard_range`]'s (sizes differ by one at most); NCCL's reduce-scatter and all-gather cut
-//! equal pieces, so each bucket is laid out as every rank's next piece of its own shard, padded
-//! with zeros to the bucket's size.
+//! The learner's sharded optimizer hands the collectives tensors on its device, one bucket at a
+//! time, laid out as equal chunks (every rank's next piece of its own shard, padded; see
+//! `cascade_learner::zero`): with candle's `cuda` feature a CUDA tensor's buffer goes to NCCL
+//! as it is, on the device, and the result is a new device tensor
+//! ([`Collective::reduce_scatter_sum_tensor`], [`Collective::all_gather_tensor`]). Host slices
+//! (the slice operations, and tensors that are not on a CUDA device) are copied to the device
+//! in buckets of at most [`BUCKET`] elements per rank, reduced there on a stream of the group's
+//! own, and copied back. Shards are [`shard_range`]'s (sizes differ by one at most).
 //!
 //! Every operation waits for its completion with the group's timeout (polling an event
 //! recorded after it), so a rank that died or hangs stops the others with
@@ -27,10 +28,7 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr, ValidAsZero
 use cudarc::nccl::result::{NcclError, NcclStatus};
 use cudarc::nccl::safe::{Comm, Id, NcclType, ReduceOp};
 
-use crate::collective::{check_len, shard_range, Collective, CollectiveError, Result};
-
-/// Elements per rank in one bucket of a reduce-scatter or all-gather (32 MiB of f64).
-pub const BUCKET: usize = 1 << 22;
+use crate::collective::{check_len, shard_range, Collective, CollectiveError, Result, BUCKET};
 
 /// A learner group's collectives on NCCL (see the module docs).
 pub struct NcclGroup {
@@ -278,11 +276,173 @@ impl Collective for NcclGroup {
         Ok(())
     }
 
+    #[cfg(feature = "cuda")]
+    fn reduce_scatter_sum_tensor(
+        &mut self,
+        input: &candle_core::Tensor,
+    ) -> Result<candle_core::Tensor> {
+        if !input.device().is_cuda() {
+            return crate::collective::reduce_scatter_via_host(self, input);
+        }
+        self.on_device(input, device::Kind::ReduceScatter)
+    }
+
+    #[cfg(feature = "cuda")]
+    fn all_gather_tensor(&mut self, chunk: &candle_core::Tensor) -> Result<candle_core::Tensor> {
+        if !chunk.device().is_cuda() {
+            return crate::collective::all_gather_via_host(self, chunk);
+        }
+        self.on_device(chunk, device::Kind::AllGather)
+    }
+
     fn broadcast(&mut self, buf: &mut [u8], root: usize) -> Result<()> {
         self.control.broadcast(buf, root)
     }
 
     fn barrier(&mut self) -> Result<()> {
         self.control.barrier()
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl NcclGroup {
+    /// One NCCL operation on a CUDA tensor, in place on the device: candle's queued work is
+    /// finished first (the input is complete), the operation runs on the group's stream into
+    /// a new device buffer, and the wait with the timeout makes the result complete before
+    /// candle's stream uses it.
+    fn on_device(
+        &mut self,
+        input: &candle_core::Tensor,
+        kind: device::Kind,
+    ) -> Result<candle_core::Tensor> {
+        let op = kind.name();
+        if input.rank() != 1 || input.elem_count() % self.world != 0 && kind.is_scatter() {
+            return Err(CollectiveError::Desync {
+                rank: self.rank,
+                detail: format!(
+                    "{op}: a tensor of shape {:?} is not {} equal chunks",
+                    input.dims(),
+                    self.world
+                ),
+            });
+        }
+        let out = input
+            .contiguous()
+            .and_then(|t| t.apply_op1_no_bwd(&device::NcclOp { group: self, kind }))
+            .map_err(|source| CollectiveError::Tensor {
+                rank: self.rank,
+                op,
+                source,
+            })?;
+        self.wait(op)?;
+        Ok(out)
+    }
+}
+
+/// The CUDA side of the tensor collectives: a candle op whose CUDA forward hands the input's
+/// device buffer to NCCL.
+#[cfg(feature = "cuda")]
+mod device {
+    use candle_core::backend::BackendDevice;
+    use candle_core::cuda_backend::CudaStorageSlice as S;
+    use candle_core::{CpuStorage, CudaStorage, Layout, Shape};
+    use cudarc::driver::{CudaSlice, CudaView, DeviceRepr, ValidAsZeroBits};
+    use cudarc::nccl::safe::{NcclType, ReduceOp};
+
+    use super::NcclGroup;
+
+    #[derive(Clone, Copy)]
+    pub(super) enum Kind {
+        /// Equal chunks in, this rank's chunk summed over ranks out.
+        ReduceScatter,
+        /// This rank's chunk in, every rank's chunk in rank order out.
+        AllGather,
+    }
+
+    impl Kind {
+        pub(super) fn name(self) -> &'static str {
+            match self {
+                Kind::ReduceScatter => "reduce_scatter (nccl, device)",
+                Kind::AllGather => "all_gather (nccl, device)",
+            }
+        }
+
+        pub(super) fn is_scatter(self) -> bool {
+            matches!(self, Kind::ReduceScatter)
+        }
+    }
+
+    pub(super) struct NcclOp<'a> {
+        pub(super) group: &'a NcclGroup,
+        pub(super) kind: Kind,
+    }
+
+    impl NcclOp<'_> {
+        fn run<T>(&self, input: CudaView<'_, T>, n: usize) -> candle_core::Result<CudaSlice<T>>
+        where
+            T: NcclType + DeviceRepr + ValidAsZeroBits,
+        {
+            let world = self.group.world;
+            let out_len = match self.kind {
+                Kind::ReduceScatter => n / world,
+                Kind::AllGather => n * world,
+            };
+            let mut out = self
+                .group
+                .stream
+                .alloc_zeros::<T>(out_len)
+                .map_err(candle_core::Error::wrap)?;
+            let done = match self.kind {
+                Kind::ReduceScatter => {
+                    self.group
+                        .comm
+                        .reduce_scatter(&input, &mut out, &ReduceOp::Sum)
+                }
+                Kind::AllGather => self.group.comm.all_gather(&input, &mut out),
+            };
+            done.map_err(|e| candle_core::Error::Msg(format!("{}: {e:?}", self.kind.name())))?;
+            Ok(out)
+        }
+    }
+
+    impl candle_core::CustomOp1 for NcclOp<'_> {
+        fn name(&self) -> &'static str {
+            self.kind.name()
+        }
+
+        fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+            candle_core::bail!("{}: the tensor is not on a CUDA device", self.kind.name())
+        }
+
+        fn cuda_fwd(
+            &self,
+            s: &CudaStorage,
+            l: &Layout,
+        ) -> candle_core::Result<(CudaStorage, Shape)> {
+            let Some((o0, o1)) = l.contiguous_offsets() else {
+                candle_core::bail!("{}: a non-contiguous tensor", self.kind.name())
+            };
+            // The input is written by candle's stream: let it finish before NCCL reads it.
+            s.device.synchronize()?;
+            let n = o1 - o0;
+            let (storage, len) = match &s.slice {
+                S::F32(x) => {
+                    let out = self.run(x.slice(o0..o1), n)?;
+                    let len = out.len();
+                    (CudaStorage::wrap_cuda_slice(out, s.device.clone()), len)
+                }
+                S::F64(x) if self.kind.is_scatter() => {
+                    let out = self.run(x.slice(o0..o1), n)?;
+                    let len = out.len();
+                    (CudaStorage::wrap_cuda_slice(out, s.device.clone()), len)
+                }
+                other => candle_core::bail!(
+                    "{}: takes f32 (and f64 to reduce), not {:?}",
+                    self.kind.name(),
+                    other.dtype()
+                ),
+            };
+            Ok((storage, Shape::from(len)))
+        }
     }
 }

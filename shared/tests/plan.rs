@@ -245,7 +245,7 @@ fn the_committed_8b_config_fits_eight_h200s() {
         gb("code", "actor 0"),
     );
     eprintln!("sft-16k learner rank 0 {sft:.1} GB, code learner rank 3 {code:.1} GB, actor 0 {actor:.1} GB");
-    assert!((sft - 92.8).abs() < 0.1, "{sft}");
+    assert!((sft - 93.1).abs() < 0.1, "{sft}");
     assert!((code - 121.6).abs() < 1.0, "{code}");
     assert!((actor - 128.0).abs() < 1.0, "{actor}");
 }

@@ -13,6 +13,7 @@ mod model;
 
 use std::collections::BTreeMap;
 
+use crate::collective::{bucket_width, BUCKET};
 use crate::config::{Device, DtypeChoice, GradAccum, RunConfig, StageConfig};
 use crate::model::ModelConfig;
 use crate::StageKind;
@@ -247,20 +248,6 @@ pub fn plan(
          and the learner's RL sequences grow with it",
         opts.prompt_tokens
     )];
-    if config.devices.learner_devices().len() > 1 && learner_device != Device::Cpu {
-        // Rank 0: the flat gradient, the running sum and one rank's payload; the others: the
-        // flat gradient and its bytes on the wire; each in the accumulation dtype.
-        let b = match config.learner.grad_accum {
-            GradAccum::F32 => 4,
-            GradAccum::F64 => 8,
-        };
-        notes.push(format!(
-            "learner group: the TCP collectives stage up to {} bytes per parameter in host \
-             memory on rank 0 ({} on the others) at each flush; not counted on the GPUs",
-            3 * b,
-            2 * b
-        ));
-    }
     let mut assumed_rm = false;
     let stages = config
         .stages
@@ -380,15 +367,28 @@ fn learner_rank_use(
         GradAccum::F64 => 8,
     };
     let mut items = mm.learner_state(world as u64, accum_bytes);
-    if world > 1 && device == Device::Cpu {
-        // The TCP collectives stage host buffers; on a GPU they are host memory (see the note).
+    if world > 1 {
+        // The sharded optimizer's collectives run a bucket at a time (`collective::BUCKET`
+        // elements per rank): the bucket's parts and their concatenation; with the TCP backend
+        // (CPU) also its host copy and, on rank 0, the rank-order sum and one rank's payload.
+        let width = bucket_width(model.num_parameters(), world, BUCKET) as u64;
+        let (copies, how) = if device == Device::Cpu {
+            (
+                4,
+                "the bucket, its host copy, rank 0's sum and one payload (TCP collectives)",
+            )
+        } else {
+            (
+                2,
+                "the bucket's parts and their concatenation, on the device (NCCL)",
+            )
+        };
         items.push(Item {
             what: format!(
-                "learner group: flat {} gradient, rank 0's sum and one rank's buffer (TCP \
-                 collectives)",
+                "learner group: gradient buckets of {world} × {width} {} elements: {how}",
                 if accum_bytes == 8 { "f64" } else { "f32" }
             ),
-            bytes: 3 * accum_bytes * model.num_parameters() as u64,
+            bytes: copies * accum_bytes * world as u64 * width,
         });
     }
     if stage.kind != StageKind::Sft && stage.kl_coef > 0.0 {
