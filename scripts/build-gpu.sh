@@ -78,6 +78,17 @@ if [ ! -f "$CUDA/lib/stubs/libcuda.so" ]; then
   gcc -shared -fPIC -O1 -Wl,-soname,libcuda.so.1 -o "$CUDA/lib/stubs/libcuda.so" "$ROOT/cuda_stub.c"
 fi
 
+if [ ! -f "$CUDA/lib/stubs/libnccl.so" ]; then
+  # Link-time stand-in for NCCL (the real libnccl.so.2 is the GPU host's, from its Python
+  # wheels): `--features cuda,nccl` links it, and no CUDA 13 toolkit wheel ships it. Every entry
+  # point of cudarc's NCCL bindings returns 3 = ncclInternalError.
+  mkdir -p "$CUDA/lib/stubs"
+  cat "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/cudarc-0.19*/src/nccl/sys/mod.rs \
+    | grep -hoE 'pub (unsafe )?fn nccl[A-Za-z0-9_]+' | sed -E 's/pub (unsafe )?fn //' | sort -u \
+    | awk '{print "int " $1 "(void){return 3;}"}' > "$ROOT/nccl_stub.c"
+  gcc -shared -fPIC -O1 -Wl,-soname,libnccl.so.2 -o "$CUDA/lib/stubs/libnccl.so" "$ROOT/nccl_stub.c"
+fi
+
 export CUDA_ROOT=$CUDA CUDA_PATH=$CUDA CUDA_HOME=$CUDA NVCC=$CUDA/bin/nvcc
 export PATH=$CUDA/bin:$PATH
 export LIBRARY_PATH=$CUDA/lib:$CUDA/lib/stubs${LIBRARY_PATH:+:$LIBRARY_PATH}
@@ -97,9 +108,13 @@ cargo build --release --locked --features cuda --bin cascade
 cargo test --release --locked --features cuda --workspace --no-run --message-format=json \
   > "$CARGO_TARGET_DIR/gpu-tests.json"
 # The NCCL collectives' test without candle's CUDA backend: NCCL loaded at run time from the GPU
-# host's wheels (with `cuda` it would link libnccl, which these wheels lack). Listed after the
-# `cuda` build's (empty) nccl_cuda, so that it replaces it.
+# host's wheels. Listed after the `cuda` build's (empty) nccl_cuda, so that it replaces it.
 cargo test --release --locked -p cascade-shared --features nccl --test nccl_cuda --no-run \
+  --message-format=json >> "$CARGO_TARGET_DIR/gpu-tests.json"
+# The learner's GPU tests with NCCL on the device's buffers (the sharded optimizer's tensor
+# collectives): `cuda,nccl` links libnccl (the stub above at build time, the host's at run time).
+# Listed after the `cuda` build's learner_cuda, so that it replaces it.
+cargo test --release --locked -p cascade-learner --features cuda,nccl --test learner_cuda --no-run \
   --message-format=json >> "$CARGO_TARGET_DIR/gpu-tests.json"
 
 echo "== [5/5] pack into $GPU_DIR"

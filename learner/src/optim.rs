@@ -185,7 +185,9 @@ impl AdamW {
             .map(|(name, var)| {
                 let master = match var.dtype() {
                     DType::F32 => None,
-                    _ => Some(var.as_tensor().to_dtype(DType::F32)?),
+                    // Detached: cast from the variable, the copy would record the cast, and
+                    // each step's master would then hold the one before it.
+                    _ => Some(var.as_tensor().to_dtype(DType::F32)?.detach()),
                 };
                 let zeros = Tensor::zeros(var.shape(), DType::F32, var.device())?;
                 Ok(Param {
@@ -315,10 +317,11 @@ impl AdamW {
             let bias_correction2_sqrt = (1.0 - b2.powi(k)).sqrt();
             let grad = if clip < 1.0 { (grad * clip)? } else { grad };
             let master = (p.master() * decay)?;
-            p.exp_avg = ((&p.exp_avg * b1)? + (&grad * (1.0 - b1))?)?;
-            p.exp_avg_sq = ((&p.exp_avg_sq * b2)? + (grad.sqr()? * (1.0 - b2))?)?;
+            // Detached, as everything kept across steps (see `AdamW::new`).
+            p.exp_avg = ((&p.exp_avg * b1)? + (&grad * (1.0 - b1))?)?.detach();
+            p.exp_avg_sq = ((&p.exp_avg_sq * b2)? + (grad.sqr()? * (1.0 - b2))?)?.detach();
             let denom = ((p.exp_avg_sq.sqrt()? / bias_correction2_sqrt)? + self.cfg.eps)?;
-            let master = (master - ((&p.exp_avg / denom)? * step_size)?)?;
+            let master = (master - ((&p.exp_avg / denom)? * step_size)?)?.detach();
             match &mut p.master {
                 Some(m) => {
                     p.var.set(&master.to_dtype(p.var.dtype())?)?;
@@ -683,6 +686,28 @@ mod tests {
         let var = Var::from_tensor(&t).unwrap();
         let opt = AdamW::new(vec![("w".into(), var.clone())], AdamWConfig::default()).unwrap();
         (var, opt)
+    }
+
+    /// The optimizer's state is plain data: no tensor it keeps across steps records the
+    /// operations that made it. A bf16 parameter's f32 master, cast from the variable, did:
+    /// each step's master then held the previous one (and its moments) through candle's
+    /// backprop graph, so every step kept another 12 bytes per parameter alive.
+    #[test]
+    fn the_state_kept_across_steps_holds_no_graph() {
+        for dtype in [DType::F32, DType::BF16] {
+            let (var, mut opt) = one_param(&[1.0, -1.0, 0.5], dtype);
+            for _ in 0..3 {
+                opt.accumulate(&quadratic_grads(&var, 0.0)).unwrap();
+                opt.step(0.1, 1.0).unwrap();
+            }
+            let p = &opt.params[0];
+            for (what, t) in [("exp_avg", &p.exp_avg), ("exp_avg_sq", &p.exp_avg_sq)]
+                .into_iter()
+                .chain(p.master.as_ref().map(|m| ("master", m)))
+            {
+                assert!(!t.track_op(), "{dtype:?}: {what} records its history");
+            }
+        }
     }
 
     #[test]

@@ -320,11 +320,14 @@ impl ShardedAdamW {
             };
             parts.push(t);
         }
+        // Detached: cut from a variable, the slice would record it (and the state made from it
+        // would hold every earlier step's through candle's backprop graph).
         Ok(match parts.len() {
             0 => Tensor::zeros(0, dtype, &self.device)?,
             1 => parts.pop().expect("one part").contiguous()?,
             _ => Tensor::cat(&parts, 0)?,
-        })
+        }
+        .detach())
     }
 
     /// The hyper-parameters.
@@ -409,8 +412,8 @@ impl ShardedAdamW {
             let piece = &mut self.pieces[k];
             let mine = sum.narrow(0, 0, piece.range.len())?;
             piece.grad = Some(match piece.grad.take() {
-                None => mine,
-                Some(acc) => (acc + mine)?,
+                None => mine.detach(),
+                Some(acc) => (acc + mine)?.detach(),
             });
         }
         Ok(())
@@ -557,7 +560,8 @@ impl ShardedAdamW {
                 parts.into_iter().next().expect("one").contiguous()?
             } else {
                 Tensor::cat(&parts, 0)?
-            })
+            }
+            .detach())
         };
         let piece = &mut self.pieces[k];
         piece.master = join(masters)?;
@@ -967,6 +971,43 @@ impl GradientSink for GroupSink<'_> {
         self.optimizer.accumulate(grads)?;
         self.optimizer.flush(self.group)?;
         self.flushes += 1;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cascade_shared::collective::Single;
+
+    /// The sharded state is plain data: no piece records the operations that made it (cut from
+    /// the variables, the first masters did, and each step's state then held the one before
+    /// it: 12 bytes per owned parameter more every step).
+    #[test]
+    fn the_state_kept_across_steps_holds_no_graph() -> Result<()> {
+        for dtype in [DType::F32, DType::BF16] {
+            let w = Tensor::arange(0f32, 10f32, &Device::Cpu)?
+                .affine(0.1, -0.5)?
+                .to_dtype(dtype)?;
+            let var = Var::from_tensor(&w)?;
+            let mut opt = ShardedAdamW::new(
+                vec![("w".into(), var.clone())],
+                AdamWConfig::default(),
+                0,
+                1,
+            )?
+            .with_bucket(4)?;
+            for _ in 0..3 {
+                let loss = var.as_tensor().to_dtype(DType::F32)?.sqr()?.sum_all()?;
+                opt.accumulate(&loss.backward()?)?;
+                opt.step(0.1, 1.0, &mut Single)?;
+            }
+            for piece in &opt.pieces {
+                for t in [&piece.master, &piece.exp_avg, &piece.exp_avg_sq] {
+                    assert!(!t.track_op(), "{dtype:?}: a piece records its history");
+                }
+            }
+        }
         Ok(())
     }
 }

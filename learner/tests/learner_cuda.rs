@@ -8,6 +8,8 @@
 //! memory peak (the default memory pool's high-water mark) to `$LEARNER_BENCH_OUT` (or stdout).
 #![cfg(feature = "cuda")]
 
+mod cuda_common;
+
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -17,48 +19,7 @@ use cascade_learner::optim::{AdamW, AdamWConfig};
 use cascade_learner::sft::{accumulate_sft_gradients, PackedRow};
 use cascade_shared::metrics::{device_memory_mb, device_peak_mb, reset_device_peak_mb};
 use cascade_shared::model::{random_weights, trainable_from_tensors, ModelConfig};
-
-fn gpu() -> Device {
-    Device::new_cuda(0).unwrap_or_else(|e| panic!("no CUDA device 0: {e}"))
-}
-
-fn small_config() -> Result<ModelConfig> {
-    Ok(ModelConfig::from_json_str(
-        r#"{"model_type": "qwen3", "vocab_size": 1000, "hidden_size": 256,
-            "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
-            "num_key_value_heads": 2, "head_dim": 64, "max_position_embeddings": 4096,
-            "initializer_range": 0.05, "tie_word_embeddings": true}"#,
-    )?)
-}
-
-/// Two packed rows: one of two conversations (65 + 200 tokens), one of a single 63-token
-/// conversation, each with an untrained prompt.
-fn rows(vocab: u32) -> Vec<PackedRow> {
-    let mut out = Vec::new();
-    for (r, lens) in [vec![65usize, 200], vec![63]].into_iter().enumerate() {
-        let n: usize = lens.iter().sum();
-        let ids: Vec<u32> = (0..n as u64)
-            .map(|i| ((i * 2_654_435_761 + r as u64 * 97) % vocab as u64) as u32)
-            .collect();
-        let (mut segments, mut seg_start) = (Vec::with_capacity(n), Vec::with_capacity(n));
-        let mut start = 0;
-        for (s, &len) in lens.iter().enumerate() {
-            segments.extend(std::iter::repeat_n(s as u32 + 1, len));
-            seg_start.extend(std::iter::repeat_n(start, len));
-            start += len;
-        }
-        // Train where the target is in the same conversation, past its first 10 tokens.
-        let weights = (0..n - 1)
-            .map(|i| segments[i] == segments[i + 1] && i + 1 >= seg_start[i + 1] + 10)
-            .collect();
-        out.push(PackedRow {
-            ids,
-            weights,
-            segments,
-        });
-    }
-    out
-}
+use cuda_common::{gpu, rows, small_config};
 
 /// The SFT loss and every parameter's gradient (as f32 on the host) of `tensors` on `device`.
 fn sft_gradients(
@@ -265,71 +226,5 @@ fn gpu_learner_step_benchmark() -> Result<()> {
         write(&table)?;
         println!("{table}");
     }
-    Ok(())
-}
-
-/// One SFT step (forward, backward, the sharded AdamW of a learner group) on the GPU with the
-/// NCCL collectives of a one-rank group (`cascade_shared::nccl`) gives, bit for bit, the weights
-/// the CPU backend's collectives give. Skipped, with a line, where NCCL's library is missing.
-/// Needs `--features cuda,nccl` (libnccl at link time), which `scripts/build-gpu.sh` does not
-/// build yet.
-#[cfg(feature = "nccl")]
-#[test]
-fn a_one_rank_nccl_learner_step_matches_the_cpu_backend() -> Result<()> {
-    use cascade_learner::zero::{GroupSink, ShardedAdamW};
-    use cascade_shared::collective::{Collective, Single};
-    use cascade_shared::nccl::NcclGroup;
-
-    let cfg = small_config()?;
-    let tensors = random_weights(&cfg, 11, &Device::Cpu)?;
-    let mut results = Vec::new();
-    for nccl in [false, true] {
-        let mut group: Box<dyn Collective> = if nccl {
-            match NcclGroup::new(Box::new(Single), 0, std::time::Duration::from_secs(60)) {
-                Ok(g) => Box::new(g),
-                Err(e) => {
-                    eprintln!("skipped: {e}");
-                    return Ok(());
-                }
-            }
-        } else {
-            Box::new(Single)
-        };
-        let on_gpu = tensors
-            .iter()
-            .map(|(k, t)| Ok((k.clone(), t.to_device(&gpu())?)))
-            .collect::<Result<HashMap<_, _>>>()?;
-        let (model, params) = trainable_from_tensors(&cfg, on_gpu)?;
-        let vars: Vec<_> = params.vars.clone().into_iter().collect();
-        let mut opt = ShardedAdamW::new(vars, AdamWConfig::default(), 0, 1)?;
-        let batch = rows(cfg.vocab_size as u32);
-        let stats = {
-            let mut sink = GroupSink::new(&mut opt, group.as_mut());
-            let stats = accumulate_sft_gradients(&model, &batch, 1, &mut sink, &gpu())?;
-            sink.finish(batch.len())?;
-            stats
-        };
-        opt.step(1e-3, stats.loss, group.as_mut())?;
-        let mut weights: Vec<(String, Vec<f32>)> = params
-            .vars
-            .iter()
-            .map(|(k, v)| {
-                Ok((
-                    k.clone(),
-                    v.as_tensor()
-                        .to_device(&Device::Cpu)?
-                        .flatten_all()?
-                        .to_vec1::<f32>()?,
-                ))
-            })
-            .collect::<Result<_>>()?;
-        weights.sort_by(|a, b| a.0.cmp(&b.0));
-        results.push(weights);
-    }
-    ensure!(
-        results[0] == results[1],
-        "NCCL and CPU-backend steps differ"
-    );
-    eprintln!("one-rank NCCL learner step: bit-identical to the CPU backend's");
     Ok(())
 }

@@ -164,7 +164,7 @@ pub fn reduce_scatter_via_host<C: Collective + ?Sized>(
     let (rank, world) = (c.rank(), c.world_size());
     let op = "reduce_scatter (tensor)";
     let len = input.elem_count();
-    if input.rank() != 1 || len % world != 0 {
+    if input.rank() != 1 || !len.is_multiple_of(world) {
         return Err(desync(
             rank,
             format!(

@@ -316,7 +316,9 @@ impl NcclGroup {
         kind: device::Kind,
     ) -> Result<candle_core::Tensor> {
         let op = kind.name();
-        if input.rank() != 1 || input.elem_count() % self.world != 0 && kind.is_scatter() {
+        if input.rank() != 1
+            || (kind.is_scatter() && !input.elem_count().is_multiple_of(self.world))
+        {
             return Err(CollectiveError::Desync {
                 rank: self.rank,
                 detail: format!(
@@ -343,7 +345,7 @@ impl NcclGroup {
 /// device buffer to NCCL.
 #[cfg(feature = "cuda")]
 mod device {
-    use candle_core::backend::BackendDevice;
+    use candle_core::backend::{BackendDevice, BackendStorage};
     use candle_core::cuda_backend::CudaStorageSlice as S;
     use candle_core::{CpuStorage, CudaStorage, Layout, Shape};
     use cudarc::driver::{CudaSlice, CudaView, DeviceRepr, ValidAsZeroBits};
@@ -436,10 +438,10 @@ mod device {
                     let len = out.len();
                     (CudaStorage::wrap_cuda_slice(out, s.device.clone()), len)
                 }
-                other => candle_core::bail!(
+                _ => candle_core::bail!(
                     "{}: takes f32 (and f64 to reduce), not {:?}",
                     self.kind.name(),
-                    other.dtype()
+                    s.dtype()
                 ),
             };
             Ok((storage, Shape::from(len)))

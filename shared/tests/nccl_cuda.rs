@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 
-use cascade_shared::collective::{shard_range, Collective, Single};
-use cascade_shared::nccl::{NcclGroup, BUCKET};
+use cascade_shared::collective::{shard_range, Collective, Single, BUCKET};
+use cascade_shared::nccl::NcclGroup;
 
 const T: Duration = Duration::from_secs(60);
 

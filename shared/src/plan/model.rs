@@ -110,7 +110,9 @@ impl MemoryModel {
             what: format!("weights ({}, {p} parameters)", self.dtype_name()),
             bytes: self.weights(),
         }];
-        if self.b != 4 {
+        // One process keeps an f32 parameter as its own master; a rank of a group keeps the
+        // f32 master of its shard whatever the dtype (`cascade_learner::zero`).
+        if self.b != 4 || world > 1 {
             items.push(Item {
                 what: format!("f32 master weights{of}"),
                 bytes: 4 * shard,
