@@ -7,6 +7,7 @@
 #
 #   scripts/plan-vs-measured.sh             # learners, then actors
 #   ONLY=actor scripts/plan-vs-measured.sh  # the actors only
+#   ONLY=learner scripts/plan-vs-measured.sh  # the learners only
 #
 # The plan counts what the learner holds (weights, optimizer state, gradients, activations,
 # the collectives' buffers): the heap peak is that figure, measured. The RSS adds the process
@@ -115,6 +116,7 @@ ACTORS=(
   "wide-batch 256 2 4 2 64 768 32000 32 8 128"
   "deep-long 384 8 6 2 64 1152 16000 4 2 512"
 )
+if [ "${ONLY:-}" = learner ]; then ACTORS=(); fi
 printf '\n%-11s %10s %9s %9s %7s %9s %7s\n' actor groups "plan MB" "heap MB" ratio "RSS MB" ratio
 for spec in "${ACTORS[@]}"; do
   read -r name hidden layers heads kv hd inter vocab gen_batch group response <<<"$spec"

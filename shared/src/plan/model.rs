@@ -19,8 +19,8 @@ pub struct ActivationModel {
     pub fused_ops: bool,
     /// The SFT loss through `CausalLm::token_logprob_sum` on the fused path (f32 on the CPU):
     /// the LM head's gradients are computed in the forward's pass over each chunk of logits,
-    /// which holds the logits and their gradient (not three f32 copies), and the hidden
-    /// states' f32 gradient is kept from forward to backward.
+    /// whose buffer becomes their gradient in place (`fused::logprobs_into_grad`: one f32 copy,
+    /// not three), and the hidden states' f32 gradient is kept from forward to backward.
     pub fused_loss: bool,
 }
 
@@ -260,7 +260,7 @@ impl MemoryModel {
             what: format!("activations: LM head and log-probs, {rows} × {t} tokens"),
             bytes: n * (self.b * self.h + dh + 8),
         });
-        let copies = if act.fused_loss { 2 } else { 3 };
+        let copies = if act.fused_loss { 1 } else { 3 };
         let other_grads = (self.params - self.vocab * self.h) * self.b;
         let chunk = (copies * 4 * chunk_rows * self.vocab).saturating_sub(other_grads);
         if chunk > 0 {
