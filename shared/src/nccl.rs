@@ -348,7 +348,7 @@ mod device {
     use candle_core::backend::{BackendDevice, BackendStorage};
     use candle_core::cuda_backend::CudaStorageSlice as S;
     use candle_core::{CpuStorage, CudaStorage, Layout, Shape};
-    use cudarc::driver::{CudaSlice, CudaView, DeviceRepr, ValidAsZeroBits};
+    use cudarc::driver::{CudaSlice, CudaStream, CudaView, DeviceRepr, ValidAsZeroBits};
     use cudarc::nccl::safe::{NcclType, ReduceOp};
 
     use super::NcclGroup;
@@ -380,7 +380,14 @@ mod device {
     }
 
     impl NcclOp<'_> {
-        fn run<T>(&self, input: CudaView<'_, T>, n: usize) -> candle_core::Result<CudaSlice<T>>
+        /// The operation on `input` (`n` elements) into a new buffer of candle's stream
+        /// `home`, which owns it from then on (and frees it there, after candle's last use).
+        fn run<T>(
+            &self,
+            input: CudaView<'_, T>,
+            n: usize,
+            home: &std::sync::Arc<CudaStream>,
+        ) -> candle_core::Result<CudaSlice<T>>
         where
             T: NcclType + DeviceRepr + ValidAsZeroBits,
         {
@@ -389,11 +396,11 @@ mod device {
                 Kind::ReduceScatter => n / world,
                 Kind::AllGather => n * world,
             };
-            let mut out = self
-                .group
-                .stream
+            let mut out = home
                 .alloc_zeros::<T>(out_len)
                 .map_err(candle_core::Error::wrap)?;
+            // The buffer is zeroed on `home`: finished before NCCL writes it on the group's.
+            home.synchronize().map_err(candle_core::Error::wrap)?;
             let done = match self.kind {
                 Kind::ReduceScatter => {
                     self.group
@@ -426,15 +433,16 @@ mod device {
             };
             // The input is written by candle's stream: let it finish before NCCL reads it.
             s.device.synchronize()?;
+            let home = s.device.cuda_stream();
             let n = o1 - o0;
             let (storage, len) = match &s.slice {
                 S::F32(x) => {
-                    let out = self.run(x.slice(o0..o1), n)?;
+                    let out = self.run(x.slice(o0..o1), n, &home)?;
                     let len = out.len();
                     (CudaStorage::wrap_cuda_slice(out, s.device.clone()), len)
                 }
                 S::F64(x) if self.kind.is_scatter() => {
-                    let out = self.run(x.slice(o0..o1), n)?;
+                    let out = self.run(x.slice(o0..o1), n, &home)?;
                     let len = out.len();
                     (CudaStorage::wrap_cuda_slice(out, s.device.clone()), len)
                 }
