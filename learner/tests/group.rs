@@ -493,6 +493,12 @@ fn a_sharded_adamw_step_is_the_adamw_step() -> Result<()> {
         max_grad_norm: None,
         ..AdamWConfig::default()
     };
+    let values = |v: &Var| -> Result<Vec<f32>> {
+        Ok(v.as_tensor()
+            .to_dtype(DType::F32)?
+            .flatten_all()?
+            .to_vec1::<f32>()?)
+    };
     let single = make();
     let mut adamw = AdamW::new(single.clone(), cfg.clone())?;
     for _ in 0..3 {
@@ -542,17 +548,7 @@ fn a_sharded_adamw_step_is_the_adamw_step() -> Result<()> {
         });
         for vars in &results {
             for ((name, a), (_, b)) in single.iter().zip(vars) {
-                let a = a
-                    .as_tensor()
-                    .to_dtype(DType::F32)?
-                    .flatten_all()?
-                    .to_vec1::<f32>()?;
-                let b = b
-                    .as_tensor()
-                    .to_dtype(DType::F32)?
-                    .flatten_all()?
-                    .to_vec1::<f32>()?;
-                assert_eq!(a, b, "{name}, bucket {bucket}");
+                assert_eq!(values(a)?, values(b)?, "{name}, bucket {bucket}");
             }
         }
     }
@@ -579,17 +575,7 @@ fn a_sharded_adamw_step_is_the_adamw_step() -> Result<()> {
     plain.accumulate(&grads(&reloaded))?;
     plain.step(1e-2, 1.0)?;
     for ((name, a), (_, b)) in single.iter().zip(&reloaded) {
-        let a = a
-            .as_tensor()
-            .to_dtype(DType::F32)?
-            .flatten_all()?
-            .to_vec1::<f32>()?;
-        let b = b
-            .as_tensor()
-            .to_dtype(DType::F32)?
-            .flatten_all()?
-            .to_vec1::<f32>()?;
-        assert_eq!(a, b, "{name} after reload");
+        assert_eq!(values(a)?, values(b)?, "{name} after reload");
     }
     Ok(())
 }
