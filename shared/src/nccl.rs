@@ -306,10 +306,10 @@ impl Collective for NcclGroup {
 
 #[cfg(feature = "cuda")]
 impl NcclGroup {
-    /// One NCCL operation on a CUDA tensor, in place on the device: candle's queued work is
-    /// finished first (the input is complete), the operation runs on the group's stream into
-    /// a new device buffer, and the wait with the timeout makes the result complete before
-    /// candle's stream uses it.
+    /// One NCCL operation on a CUDA tensor, on the device: candle's queued work is finished
+    /// first (the input is complete), the operation runs on the group's stream into a new
+    /// buffer owned by candle's stream, and the wait with the timeout makes the result complete
+    /// before candle uses it (a dead or hung rank is a [`CollectiveError::Timeout`] here).
     fn on_device(
         &mut self,
         input: &candle_core::Tensor,
