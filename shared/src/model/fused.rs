@@ -11,9 +11,9 @@
 //!   [`logprobs_into_grad`], both at once in the chunk's own buffer (one exp per logit);
 //! - [`linear`]: `x · wᵀ` as one product reading the weight in place (unfused: two reshapes,
 //!   a transpose and a matmul, each summed into a zeroed gradient buffer in backward);
-//! - [`gemm_product`] (and [`tile_product`], on the calling thread): matrix products into a
-//!   destination slice through the `gemm` crate, for the fused attention's tiles and
-//!   [`add_transposed_product`].
+//! - [`tile_product`] (on the calling thread) and [`add_transposed_product`]: matrix products
+//!   into a destination slice through the `gemm` crate, for the fused attention's tiles and
+//!   the LM head weight's gradient.
 //!
 //! f32 on the CPU only: callers check [`applies`] and keep the unfused path elsewhere (bf16,
 //! CUDA), which is also the reference these are tested against (the tests below: values and
@@ -1032,50 +1032,14 @@ unsafe fn new_product(
     dst
 }
 
-/// `dst (m, n) = [dst +] alpha · lhs (m, k) · rhs (k, n)` for row-major `dst`, with `lhs` and
-/// `rhs` given by their (column, row) strides (the `gemm` crate, which candle's matmul uses),
-/// with `parallelism`.
+/// `dst (m, n) = [dst +] alpha · lhs (m, k) · rhs (k, n)` for row-major `m · n` elements at
+/// `dst`, with `lhs` and `rhs` given by their (column, row) strides (the `gemm` crate, which
+/// candle's matmul uses), with `parallelism`. `dst` need not be initialised unless `accumulate`
+/// (the product writes every element and reads none otherwise).
 ///
 /// # Safety
-/// `lhs` and `rhs` must hold every element their shapes and strides reach, and `dst` `m · n`.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-pub(crate) unsafe fn gemm_product(
-    dst: &mut [f32],
-    (m, n): (usize, usize),
-    accumulate: bool,
-    lhs: &[f32],
-    (lhs_cs, lhs_rs): (usize, usize),
-    rhs: &[f32],
-    (rhs_cs, rhs_rs): (usize, usize),
-    k: usize,
-    alpha: f32,
-    parallelism: gemm::Parallelism,
-) {
-    debug_assert!(dst.len() >= m * n);
-    // SAFETY: the caller's guarantees; `dst` holds m · n initialised elements.
-    unsafe {
-        gemm_raw(
-            dst.as_mut_ptr(),
-            (m, n),
-            accumulate,
-            lhs,
-            (lhs_cs, lhs_rs),
-            rhs,
-            (rhs_cs, rhs_rs),
-            k,
-            alpha,
-            parallelism,
-        )
-    }
-}
-
-/// [`gemm_product`] into `m · n` elements at `dst`, which need not be initialised unless
-/// `accumulate` (the product writes every element and reads none otherwise).
-///
-/// # Safety
-/// As [`gemm_product`], and `dst` must be valid for writes of `m · n` elements (and reads, with
-/// `accumulate`).
+/// `lhs` and `rhs` must hold every element their shapes and strides reach, and `dst` must be
+/// valid for writes of `m · n` elements (and reads, with `accumulate`).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn gemm_raw(
@@ -1113,10 +1077,11 @@ unsafe fn gemm_raw(
     );
 }
 
-/// [`gemm_product`] on the calling thread (the fused attention's tiles).
+/// `dst (m, n) = [dst +] alpha · lhs (m, k) · rhs (k, n)` into a slice, on the calling thread
+/// (the fused attention's tiles).
 ///
 /// # Safety
-/// As [`gemm_product`].
+/// `lhs` and `rhs` must hold every element their shapes and strides reach, and `dst` `m · n`.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(crate) unsafe fn tile_product(
@@ -1130,10 +1095,11 @@ pub(crate) unsafe fn tile_product(
     k: usize,
     alpha: f32,
 ) {
-    // SAFETY: the caller's guarantees are gemm_product's.
+    debug_assert!(dst.len() >= dims.0 * dims.1);
+    // SAFETY: the caller's guarantees: `dst` holds m · n initialised elements.
     unsafe {
-        gemm_product(
-            dst,
+        gemm_raw(
+            dst.as_mut_ptr(),
             dims,
             accumulate,
             lhs,
@@ -1186,8 +1152,8 @@ pub(crate) fn add_transposed_product(
     // `b` the (k, n) matrix (column stride 1, row stride n), `dst` m · n elements; all checked
     // above.
     unsafe {
-        gemm_product(
-            dst,
+        gemm_raw(
+            dst.as_mut_ptr(),
             (m, n),
             accumulate,
             a,
