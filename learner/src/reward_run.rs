@@ -14,6 +14,9 @@ use cascade_shared::model::{trainable_from_tensors, ModelConfig};
 use crate::error::Result;
 use crate::reward_train::{train_reward_model, HeadInit, RmInputs, RmTrainConfig};
 
+/// Below this held-out prompt match the learner warns that the reward model ignores prompts.
+const PROMPT_MATCH_WARN: f64 = 0.6;
+
 /// What the run's reward-model training starts from.
 pub struct RunRmInputs<'a> {
     /// The policy's architecture.
@@ -91,15 +94,27 @@ pub fn train_for_run(
         },
     )?;
     tracing::info!(
-        "reward model trained: loss {:.4} → {:.4}, held-out accuracy {:?} → {:?}",
+        "reward model trained: loss {:.4} → {:.4}, held-out accuracy {:?} → {:?}, prompt match {:?}",
         report.first_loss,
         report.final_loss,
         report.heldout_accuracy_before,
-        report.heldout_accuracy
+        report.heldout_accuracy,
+        report.heldout_prompt_match
     );
+    if let Some(m) = report
+        .heldout_prompt_match
+        .filter(|&m| m < PROMPT_MATCH_WARN)
+    {
+        tracing::warn!(
+            "reward model: its scores barely depend on the prompt (held-out prompt match {m:.2}, \
+             0.5 = ignored): an RLHF stage can be paid for one answer to every prompt; \
+             give it preference pairs whose rejected answer is good but off-topic"
+        );
+    }
     metrics.record(&RmDone {
         heldout_accuracy: report.heldout_accuracy,
         heldout_accuracy_before: report.heldout_accuracy_before,
+        heldout_prompt_match: report.heldout_prompt_match,
         pairs: Some(report.train_pairs as u64),
         heldout_pairs: Some(report.heldout_pairs as u64),
         first_loss: Some(report.first_loss),

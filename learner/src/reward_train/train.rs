@@ -82,6 +82,9 @@ pub struct RmReport {
     pub heldout_accuracy_before: Option<f64>,
     /// Held-out accuracy after training (ties count ½).
     pub heldout_accuracy: Option<f64>,
+    /// After training, how often a held-out chosen answer scores higher under its own prompt
+    /// than under another pair's ([`RmTrainer::prompt_match`]; 0.5: the prompt is ignored).
+    pub heldout_prompt_match: Option<f64>,
     /// Where the model was saved.
     pub out_dir: PathBuf,
 }
@@ -172,6 +175,10 @@ pub fn train_reward_model(
         on_step(&stats);
     }
     let heldout_accuracy = evaluate(&trainer)?;
+    let heldout_prompt_match = match &heldout_raw {
+        Some(raw) if !heldout_pairs.is_empty() => trainer.prompt_match(raw)?,
+        _ => None,
+    };
     trainer.save(out_dir, &tokenizer_json, tokenizer_config_json.as_deref())?;
     Ok(RmReport {
         steps: cfg.steps,
@@ -183,6 +190,7 @@ pub fn train_reward_model(
         skipped_too_long,
         heldout_accuracy_before,
         heldout_accuracy,
+        heldout_prompt_match,
         out_dir: out_dir.to_path_buf(),
     })
 }
@@ -251,6 +259,9 @@ mod tests {
         let tail: f64 = losses[35..].iter().sum::<f64>() / 5.0;
         assert!(tail < 0.5 * head, "loss {head} → {tail}");
         assert_eq!(report.skipped_too_long, 0);
+        // These answers do not depend on the prompt; the measure is there and a fraction.
+        let matched = report.heldout_prompt_match.expect("held-out pairs");
+        assert!((0.0..=1.0).contains(&matched), "{matched}");
 
         // The saved directory: complete, no temporary left, every tensor plus the head.
         assert!(is_complete(&out));

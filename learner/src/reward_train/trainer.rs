@@ -228,6 +228,33 @@ impl RmTrainer {
         self.accuracy_encoded(&encoded)
     }
 
+    /// Whether the scores depend on the prompt at all: over `pairs` (held-out ones), the
+    /// fraction whose chosen answer scores higher under its own prompt than under another
+    /// pair's (the next pair, cyclically, with a different prompt text; see [`prompt_swaps`]).
+    /// Ties count ½, so a reward model that ignores the prompt scores 0.5, and a policy trained
+    /// on it can be paid for one answer to every prompt. `None` when no pair has a different
+    /// prompt to borrow or every conversation is longer than `max_len`.
+    pub fn prompt_match(&self, pairs: &[PreferencePair]) -> Result<Option<f64>> {
+        let max = self.max_len();
+        let fits = |s: &Vec<u32>| !s.is_empty() && s.len() <= max;
+        let (mut own, mut borrowed) = (Vec::new(), Vec::new());
+        for (pair, other) in prompt_swaps(pairs) {
+            let a = self.encode_pair(&pair.prompt, &pair.chosen)?;
+            let b = self.encode_pair(&other.prompt, &pair.chosen)?;
+            if fits(&a) && fits(&b) {
+                own.push(a);
+                borrowed.push(b);
+            }
+        }
+        if own.is_empty() {
+            return Ok(None);
+        }
+        let (own_scores, borrowed_scores) = (self.score_ids(&own)?, self.score_ids(&borrowed)?);
+        Ok(Some(
+            count_correct(&own_scores, &borrowed_scores) / own.len() as f64,
+        ))
+    }
+
     /// Runs forward and backward over `pairs` in micro-batches, adding the gradients of the
     /// batch-mean loss to the optimizer. Returns (loss sum, correct, margin sum).
     fn accumulate(&mut self, pairs: &[EncodedPair]) -> Result<(f64, f64, f64)> {
@@ -309,6 +336,20 @@ impl RmTrainer {
         out.sort_by(|a, b| a.0.cmp(&b.0));
         out
     }
+}
+
+/// Each pair with the prompt it borrows in [`RmTrainer::prompt_match`]: the first pair after
+/// it (cyclically) whose prompt text differs. Pairs with no such pair are left out.
+pub(super) fn prompt_swaps(pairs: &[PreferencePair]) -> Vec<(&PreferencePair, &PreferencePair)> {
+    let n = pairs.len();
+    (0..n)
+        .filter_map(|i| {
+            (1..n)
+                .map(|k| &pairs[(i + k) % n])
+                .find(|q| q.prompt != pairs[i].prompt)
+                .map(|q| (&pairs[i], q))
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -408,5 +449,81 @@ mod tests {
         let stats = t.step(&pairs).unwrap();
         assert_eq!(stats.pairs, 2);
         assert!(t.step(&pairs[1..2]).is_err());
+    }
+
+    fn pair(prompt: &str, chosen: &str, rejected: &str) -> PreferencePair {
+        PreferencePair {
+            prompt: prompt.into(),
+            chosen: chosen.into(),
+            rejected: rejected.into(),
+        }
+    }
+
+    #[test]
+    fn each_pair_borrows_the_next_different_prompt() {
+        let pairs = [
+            pair("a", "1", "x"),
+            pair("a", "2", "x"),
+            pair("b", "3", "x"),
+        ];
+        let swaps: Vec<(&str, &str)> = prompt_swaps(&pairs)
+            .into_iter()
+            .map(|(p, q)| (p.chosen.as_str(), q.prompt.as_str()))
+            .collect();
+        assert_eq!(swaps, [("1", "b"), ("2", "b"), ("3", "a")]);
+        assert!(prompt_swaps(&pairs[..2]).is_empty());
+        assert!(prompt_swaps(&[]).is_empty());
+    }
+
+    /// Pairs whose preference is decided by the prompt alone: the same two answers swap
+    /// places, so an answer-only score separates none of them.
+    fn prompt_decides(n: usize) -> Vec<PreferencePair> {
+        (0..n)
+            .map(|i| {
+                if i % 2 == 0 {
+                    pair(&format!("Say yes. ({i})"), "yes", "no")
+                } else {
+                    pair(&format!("Say no. ({i})"), "no", "yes")
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn prompt_match_is_one_half_for_a_score_that_ignores_the_prompt() {
+        // A zero head scores everything 0: every comparison is a tie.
+        let t = tiny_trainer(HeadInit::Zeros, RmTrainConfig::default());
+        assert_eq!(t.prompt_match(&synthetic_pairs(12, 0)).unwrap(), Some(0.5));
+        assert_eq!(t.prompt_match(&prompt_decides(2)[..1]).unwrap(), None);
+    }
+
+    #[test]
+    fn prompt_match_rises_when_the_preference_depends_on_the_prompt() {
+        let cfg = RmTrainConfig {
+            micro_batch: 8,
+            lr: 1e-2,
+            warmup_steps: 0,
+            seed: 5,
+            ..RmTrainConfig::default()
+        };
+        let mut t = tiny_trainer(HeadInit::Normal { std: 0.1, seed: 3 }, cfg);
+        let train = prompt_decides(32);
+        let heldout: Vec<_> = prompt_decides(16)
+            .into_iter()
+            .map(|mut p| {
+                p.prompt = p.prompt.replace('(', "[").replace(')', "]");
+                p
+            })
+            .collect();
+        for _ in 0..60 {
+            t.step(&train).unwrap();
+        }
+        let accuracy = t.accuracy(&heldout).unwrap();
+        let matched = t.prompt_match(&heldout).unwrap().unwrap();
+        eprintln!("accuracy {accuracy}, prompt match {matched}");
+        assert!(accuracy >= 0.9, "accuracy {accuracy}");
+        // Each held-out chosen answer scores higher under its own prompt than under the next
+        // pair's, which asks for the other answer.
+        assert!(matched >= 0.9, "prompt match {matched}");
     }
 }

@@ -56,12 +56,21 @@ pub(crate) fn write_rm(w: &mut Writer, m: &Metrics) -> Result<(), ReportError> {
     )?;
     let _ = writeln!(
         w.html,
-        "<table class=\"rm\">\n<tr><th>steps</th><th>held-out accuracy</th><th>held-out pairs</th></tr>\n\
-         <tr><td>{}</td><td>{}</td><td>{}</td></tr>\n</table>",
+        "<table class=\"rm\">\n<tr><th>steps</th><th>held-out accuracy</th>\
+         <th title=\"how often a held-out chosen answer scores higher under its own prompt than \
+         under another pair's; 50 % = the scores ignore the prompt\">prompt match</th>\
+         <th>training pairs</th><th>held-out pairs</th></tr>\n\
+         <tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n</table>",
         total.map(|t| t.to_string()).unwrap_or_else(|| "—".into()),
         pct(done.and_then(|d| d.heldout_accuracy)),
-        done.and_then(|d| d.pairs).map(|p| p.to_string()).unwrap_or_else(|| "—".into()),
+        pct(done.and_then(|d| d.heldout_prompt_match)),
+        count(done.and_then(|d| d.pairs)),
+        count(done.and_then(|d| d.heldout_pairs)),
     );
     w.end_section();
     Ok(())
+}
+
+fn count(n: Option<u64>) -> String {
+    n.map(|n| n.to_string()).unwrap_or_else(|| "—".into())
 }

@@ -128,6 +128,9 @@ pub struct RmDone {
     pub heldout_accuracy: Option<f64>,
     /// The same before training.
     pub heldout_accuracy_before: Option<f64>,
+    /// How often a held-out chosen answer scores higher under its own prompt than under
+    /// another pair's (0.5: the scores ignore the prompt).
+    pub heldout_prompt_match: Option<f64>,
     /// Training pairs.
     pub pairs: Option<u64>,
     /// Held-out pairs evaluated.

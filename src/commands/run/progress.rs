@@ -180,10 +180,13 @@ impl Progress {
                 }
             }
             EventKind::RmDone(d) => {
-                let line = format!(
+                let mut line = format!(
                     "reward model trained: held-out pairwise accuracy {:.3}",
                     d.heldout_accuracy.unwrap_or(f64::NAN)
                 );
+                if let Some(m) = d.heldout_prompt_match {
+                    line.push_str(&format!(", prompt match {m:.3} (0.5: prompt ignored)"));
+                }
                 self.println(&line);
             }
             EventKind::Process(p) => {
