@@ -432,6 +432,54 @@ fn chaos_killed_actors_restart_a_killed_learner_resumes_and_nothing_is_lost_or_r
     check_snapshots(&run_dir);
 }
 
+#[test]
+fn a_child_restarts_from_the_supervisors_own_image_after_its_file_is_removed() {
+    // A rebuild or an upgrade during a run replaces the binary's file: the supervisor must still
+    // start its children, and start them from the binary it runs itself.
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = inputs(tmp.path(), 4, 1);
+    let run_dir = tmp.path().join("run");
+    let bin = tmp.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let exe = bin.join("cascade");
+    std::fs::copy(env!("CARGO_BIN_EXE_cascade"), &exe).unwrap();
+    let mut child = Command::new(&exe)
+        .args(["run", "--no-eval", "--actors", "1", "--config"])
+        .arg(&cfg)
+        .arg("--run-dir")
+        .arg(&run_dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while rl_steps_done(&run_dir) < 2 {
+        assert!(Instant::now() < deadline, "RL never started");
+        assert!(child.try_wait().unwrap().is_none(), "run ended early");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::fs::remove_file(&exe).unwrap();
+    let before = rl_steps_done(&run_dir);
+    let pid = pid_of(&run_dir, "actor-0").expect("actor pid in metrics");
+    kill(pid);
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let ev = events(&run_dir);
+    assert!(
+        ev.iter()
+            .any(|e| e["event"] == "process" && e["what"] == "restart" && e["name"] == "actor-0"),
+        "the killed actor was not restarted: {stderr}"
+    );
+    assert!(
+        rl_steps_done(&run_dir) > before,
+        "no RL step after the restart"
+    );
+    assert!(ev
+        .iter()
+        .any(|e| e["event"] == "run_end" && e["status"] == "completed"));
+}
+
 fn bad(config: &str, extra: &[&str], expect: &str) {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = inputs(tmp.path(), 1, 1);

@@ -4,6 +4,7 @@
 //! the child's peak RSS.
 
 use std::fs::OpenOptions;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -305,9 +306,10 @@ impl Child {
             .append(true)
             .open(&log_path)
             .with_context(|| format!("opening {}", log_path.display()))?;
-        let exe = std::env::current_exe().context("locating the cascade executable")?;
+        let (exe, arg0) = child_exe()?;
         let mut cmd = Command::new(exe);
-        cmd.args(&self.args)
+        cmd.arg0(arg0)
+            .args(&self.args)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
@@ -400,4 +402,19 @@ fn stop_children(children: &mut [&mut Child], grace: Duration, metrics: &Metrics
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// The program the supervisor's children run, and the name they show (`argv[0]`): the
+/// supervisor's own image. On Linux that is `/proc/self/exe`, which still runs the binary this
+/// process started from after the file at its path has been replaced or removed (a rebuild or an
+/// upgrade during a run), so that a restarted or next-stage child is the same version, and
+/// starts at all: `current_exe` then names `… (deleted)`. Elsewhere, `current_exe`.
+fn child_exe() -> anyhow::Result<(PathBuf, std::ffi::OsString)> {
+    let path = std::env::current_exe().context("locating the cascade executable")?;
+    let name = path.as_os_str().to_os_string();
+    let proc_exe = Path::new("/proc/self/exe");
+    if cfg!(target_os = "linux") && proc_exe.exists() {
+        return Ok((proc_exe.to_path_buf(), name));
+    }
+    Ok((path, name))
 }
