@@ -361,27 +361,45 @@ fn rl_steps_done(run_dir: &Path) -> usize {
         .count()
 }
 
-#[test]
-fn chaos_killed_actors_restart_a_killed_learner_resumes_and_nothing_is_lost_or_reused() {
-    let tmp = tempfile::tempdir().unwrap();
-    let cfg = inputs(tmp.path(), 6, 1);
-    let run_dir = tmp.path().join("run");
-    let mut child = cascade()
-        .args(["run", "--no-eval", "--actors", "2", "--config"])
-        .arg(&cfg)
+/// Starts `cascade run --no-eval --actors N` with `program` (a `cascade` command) and waits
+/// until its learner has taken two RL steps; returns the child and the test's deadline.
+fn start_until_rl(
+    mut program: Command,
+    cfg: &Path,
+    run_dir: &Path,
+    actors: usize,
+) -> (std::process::Child, Instant) {
+    let mut child = program
+        .args([
+            "run",
+            "--no-eval",
+            "--actors",
+            &actors.to_string(),
+            "--config",
+        ])
+        .arg(cfg)
         .arg("--run-dir")
-        .arg(&run_dir)
+        .arg(run_dir)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(600);
-    // Wait for RL to start, then kill a random actor 5 times, a second or so apart.
-    while rl_steps_done(&run_dir) < 2 {
+    while rl_steps_done(run_dir) < 2 {
         assert!(Instant::now() < deadline, "RL never started");
         assert!(child.try_wait().unwrap().is_none(), "run ended early");
         std::thread::sleep(Duration::from_millis(200));
     }
+    (child, deadline)
+}
+
+#[test]
+fn chaos_killed_actors_restart_a_killed_learner_resumes_and_nothing_is_lost_or_reused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = inputs(tmp.path(), 6, 1);
+    let run_dir = tmp.path().join("run");
+    let (child, deadline) = start_until_rl(cascade(), &cfg, &run_dir, 2);
+    // RL has started: kill a random actor 5 times, a second or so apart.
     let mut seed = 0x2545_f491_4f6c_dd1du64;
     for _ in 0..5 {
         seed ^= seed << 13;
@@ -443,21 +461,7 @@ fn a_child_restarts_from_the_supervisors_own_image_after_its_file_is_removed() {
     std::fs::create_dir(&bin).unwrap();
     let exe = bin.join("cascade");
     std::fs::copy(env!("CARGO_BIN_EXE_cascade"), &exe).unwrap();
-    let mut child = Command::new(&exe)
-        .args(["run", "--no-eval", "--actors", "1", "--config"])
-        .arg(&cfg)
-        .arg("--run-dir")
-        .arg(&run_dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(600);
-    while rl_steps_done(&run_dir) < 2 {
-        assert!(Instant::now() < deadline, "RL never started");
-        assert!(child.try_wait().unwrap().is_none(), "run ended early");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let (child, _) = start_until_rl(Command::new(&exe), &cfg, &run_dir, 1);
     std::fs::remove_file(&exe).unwrap();
     let before = rl_steps_done(&run_dir);
     let pid = pid_of(&run_dir, "actor-0").expect("actor pid in metrics");
