@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the GPU host (no Rust, no network) with what scripts/build-gpu.sh packed into DIR:
 # the CUDA test binaries (sampler, engine, fused attention and the learner's SFT gradients against
-# the CPU; the NCCL collectives and the sharded optimizer's steps on device buffers), the GPU sampler, engine, fused-attention and learner-step benchmarks, then a short `cascade run`
+# the CPU; the NCCL collectives and the sharded optimizer's steps on device buffers), the GPU
+# sampler, engine, fused-attention and learner-step benchmarks, then a short `cascade run`
 # (the tiny default, 3 steps a stage) with learner and actor on cuda:0. Writes results.md,
 # gpu-check.log and logs.tar.gz (every step's log and table) under $OUT: the device tool
 # brings back at most 8 files.

@@ -40,6 +40,11 @@ pub(crate) fn num(x: f64) -> String {
     }
 }
 
+/// `x` as text, or "—" when absent.
+pub(crate) fn opt_text<T: std::fmt::Display>(x: Option<T>) -> String {
+    x.map(|x| x.to_string()).unwrap_or_else(|| "—".to_string())
+}
+
 pub(crate) fn opt_num(x: Option<f64>) -> String {
     x.map(num).unwrap_or_else(|| "—".to_string())
 }

@@ -147,17 +147,20 @@ impl RmTrainer {
         Ok(pair_ids(&self.chat, prompt, response)?)
     }
 
+    /// Whether an encoded conversation can be scored: not empty and at most `max_len` tokens.
+    fn fits(&self, ids: &[u32]) -> bool {
+        !ids.is_empty() && ids.len() <= self.max_len()
+    }
+
     /// Encodes preference pairs; returns the pairs that fit in [`RmTrainer::max_len`] and the
     /// number skipped because a conversation is longer (or empty).
     pub fn encode_pairs(&self, pairs: &[PreferencePair]) -> Result<(Vec<EncodedPair>, usize)> {
-        let max = self.max_len();
         let mut out = Vec::with_capacity(pairs.len());
         let mut skipped = 0;
         for p in pairs {
             let chosen = self.encode_pair(&p.prompt, &p.chosen)?;
             let rejected = self.encode_pair(&p.prompt, &p.rejected)?;
-            let fits = |s: &Vec<u32>| !s.is_empty() && s.len() <= max;
-            if fits(&chosen) && fits(&rejected) {
+            if self.fits(&chosen) && self.fits(&rejected) {
                 out.push(EncodedPair { chosen, rejected });
             } else {
                 skipped += 1;
@@ -235,13 +238,11 @@ impl RmTrainer {
     /// on it can be paid for one answer to every prompt. `None` when no pair has a different
     /// prompt to borrow or every conversation is longer than `max_len`.
     pub fn prompt_match(&self, pairs: &[PreferencePair]) -> Result<Option<f64>> {
-        let max = self.max_len();
-        let fits = |s: &Vec<u32>| !s.is_empty() && s.len() <= max;
         let (mut own, mut borrowed) = (Vec::new(), Vec::new());
         for (pair, other) in prompt_swaps(pairs) {
             let a = self.encode_pair(&pair.prompt, &pair.chosen)?;
             let b = self.encode_pair(&other.prompt, &pair.chosen)?;
-            if fits(&a) && fits(&b) {
+            if self.fits(&a) && self.fits(&b) {
                 own.push(a);
                 borrowed.push(b);
             }

@@ -7,7 +7,7 @@ use cascade_shared::metrics::METRICS_FILE;
 
 use crate::analysis::{first_t, learner_steps, max_staleness, wall_s};
 use crate::charts::{self, color, Line};
-use crate::html::{duration, esc, Writer};
+use crate::html::{duration, esc, opt_text, Writer};
 use crate::{read_metrics, CompareSummary, Metrics, ReportError, ReportSummary};
 
 pub(crate) fn reward_vs_wall(m: &Metrics) -> Vec<(f64, f64)> {
@@ -48,7 +48,6 @@ pub(crate) fn write_compare(
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| d.display().to_string())
     };
-    let stale = |s: Option<u64>| s.map(|v| v.to_string()).unwrap_or_else(|| "—".into());
     let wall = |s: Option<f64>| s.map(duration).unwrap_or_else(|| "—".into());
     let _ = writeln!(
         w.html,
@@ -57,10 +56,10 @@ pub(crate) fn write_compare(
          <tr><td class=\"l\">other</td><td class=\"l\">{}</td><td>{}</td><td>{}</td></tr>\n</table>\n\
          <p>Wall-clock ratio (other / this): <b class=\"ratio\">{}</b>{}</p>",
         esc(&run_dir.display().to_string()),
-        stale(summary.max_staleness),
+        opt_text(summary.max_staleness),
         wall(summary.wall_s),
         esc(&other_dir.display().to_string()),
-        stale(other_stale),
+        opt_text(other_stale),
         wall(other_wall),
         ratio.map(|r| format!("{r:.3}×")).unwrap_or_else(|| "—".into()),
         match ratio {
@@ -74,7 +73,7 @@ pub(crate) fn write_compare(
             label: format!(
                 "this: {} (max_staleness {})",
                 name(run_dir),
-                stale(summary.max_staleness)
+                opt_text(summary.max_staleness)
             ),
             color: color(0),
             points: reward_vs_wall(this),
@@ -83,7 +82,7 @@ pub(crate) fn write_compare(
             label: format!(
                 "other: {} (max_staleness {})",
                 name(other_dir),
-                stale(other_stale)
+                opt_text(other_stale)
             ),
             color: color(1),
             points: other.as_ref().map(reward_vs_wall).unwrap_or_default(),

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use crate::charts;
-use crate::html::{num, pct, Writer};
+use crate::html::{num, opt_text, pct, Writer};
 use crate::{ReportError, ReportSummary};
 
 pub(crate) fn write_policy_lag(
@@ -35,7 +35,7 @@ pub(crate) fn write_policy_lag(
             s.p95,
             s.max,
             pct(Some(s.on_policy_fraction)),
-            summary.max_staleness.map(|v| v.to_string()).unwrap_or_else(|| "—".into())
+            opt_text(summary.max_staleness)
         );
     }
     w.end_section();

@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use crate::charts::{self, color, Line};
-use crate::html::{pct, Writer};
+use crate::html::{opt_text, pct, Writer};
 use crate::{EventKind, Metrics, ReportError};
 
 pub(crate) fn write_rm(w: &mut Writer, m: &Metrics) -> Result<(), ReportError> {
@@ -61,16 +61,12 @@ pub(crate) fn write_rm(w: &mut Writer, m: &Metrics) -> Result<(), ReportError> {
          under another pair's; 50 % = the scores ignore the prompt\">prompt match</th>\
          <th>training pairs</th><th>held-out pairs</th></tr>\n\
          <tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n</table>",
-        total.map(|t| t.to_string()).unwrap_or_else(|| "—".into()),
+        opt_text(total),
         pct(done.and_then(|d| d.heldout_accuracy)),
         pct(done.and_then(|d| d.heldout_prompt_match)),
-        count(done.and_then(|d| d.pairs)),
-        count(done.and_then(|d| d.heldout_pairs)),
+        opt_text(done.and_then(|d| d.pairs)),
+        opt_text(done.and_then(|d| d.heldout_pairs)),
     );
     w.end_section();
     Ok(())
-}
-
-fn count(n: Option<u64>) -> String {
-    n.map(|n| n.to_string()).unwrap_or_else(|| "—".into())
 }
