@@ -374,3 +374,108 @@ curriculum_steps = [5]
     );
     assert_eq!(choose_mode(5, 17, 0, 0.5), choose_mode(5, 17, 0, 0.5));
 }
+
+/// Strictly on-policy, the draws of a new policy version start after every group the learner
+/// decided on in the stage (`StageProgress::groups_decided`: kept, or dropped for equal
+/// rewards), not at `stage_step × batch_prompts`. Dynamic filtering makes the learner decide on
+/// several batches' worth of groups a step; with the old rule each version re-drew the prompts
+/// its predecessor had just trained on or filtered out (issue 19: the tiny default's on-policy
+/// math stage trained each prompt in about 4 consecutive steps).
+#[test]
+fn on_policy_draws_of_a_new_version_start_after_the_groups_the_learner_decided() {
+    use cascade_shared::snapshot::LearnerState;
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path();
+    let cfg = common::tiny_config(128);
+    std::fs::write(
+        base.join("model.json"),
+        serde_json::to_string(&cfg.to_hf_json("float32")).unwrap(),
+    )
+    .unwrap();
+    let mut data = String::new();
+    for i in 0..60 {
+        data.push_str(&format!(
+            "{{\"id\": {}, \"prompt\": \"What is {i}+1?\", \"answer\": \"{}\"}}\n",
+            100 + i,
+            i + 1
+        ));
+    }
+    std::fs::write(base.join("math.jsonl"), data).unwrap();
+    let toml = r#"
+[model]
+init = { config = "model.json", seed = 3 }
+[actor]
+gen_batch = 4
+max_new_tokens = 4
+reward_workers = 1
+seed = 5
+[learner]
+max_staleness = 0
+[replay]
+segment_bytes = 1048576
+max_segments = 4
+max_inflight = 64
+[[stages]]
+name = "math"
+kind = "math"
+dataset = "math.jsonl"
+steps = 10
+lr = 1e-4
+batch_prompts = 2
+group_size = 2
+"#;
+    let config = RunConfig::parse(toml, "test.toml", base, &[]).unwrap();
+    // The prompts an actor draws at the learner's `state`, `groups` of them.
+    let drawn = |name: &str, state: LearnerState, groups: u64| -> Vec<u64> {
+        let run_dir = base.join(name);
+        common::publish_tiny_with(&run_dir.join("snapshots"), &cfg, 11, &state);
+        let opts = ActorOptions {
+            run_dir: run_dir.clone(),
+            actor_id: 0,
+            device: Device::Cpu,
+            config: config.clone(),
+            overrides: RolloutOverrides::default(),
+            max_groups: Some(groups),
+        };
+        run_actor_with(opts, Arc::new(AtomicBool::new(false))).unwrap();
+        let mut source =
+            ReplaySource::open(run_dir.join("replay"), ReaderOptions::default(), None).unwrap();
+        let mut got = Vec::new();
+        for _ in 0..100 {
+            got.extend(source.recv(Duration::from_millis(20)).unwrap());
+            if got.len() as u64 >= groups {
+                break;
+            }
+        }
+        let mut ids: Vec<u64> = got.iter().map(|r| r.group.prompt_id).collect();
+        ids.sort_unstable();
+        assert_eq!(ids.len() as u64, groups, "{name}: every group written");
+        ids
+    };
+    let at = |version: u64, stage_step: u64, decided: u64| {
+        let mut s = LearnerState::initial(serde_json::json!({}));
+        s.step = version;
+        s.policy_version = version;
+        s.stage_step = stage_step;
+        s.stage_progress.groups_decided = decided;
+        s
+    };
+    // Version 1 (the stage's start): 8 prompts drawn, all decided on by the learner's first
+    // step (2 kept, 6 dropped for equal rewards), which publishes version 2.
+    let first = drawn("v1", at(1, 0, 0), 8);
+    let next = drawn("v2", at(2, 1, 8), 4);
+    let both = drawn("v1-more", at(1, 0, 0), 12);
+    assert!(
+        next.iter().all(|p| !first.contains(p)),
+        "version 2 re-drew prompts decided at version 1: {first:?} then {next:?}"
+    );
+    let mut union: Vec<u64> = first.iter().chain(&next).copied().collect();
+    union.sort_unstable();
+    assert_eq!(
+        union, both,
+        "version 2 goes on where version 1's decided groups end"
+    );
+    // A state of an earlier build (no count) keeps the old rule: step × batch_prompts.
+    let old = drawn("old", at(2, 4, 0), 4);
+    assert!(old.iter().all(|p| both.contains(p) && !first.contains(p)));
+}

@@ -246,28 +246,47 @@ pub struct GroupFilter {
     cfg: FilterConfig,
     metrics: FilterMetrics,
     /// Content hashes of the groups decided at version `decided_at`.
-    decided: HashSet<u64>,
+    hashes: HashSet<u64>,
     decided_at: Option<u64>,
     /// Equal-reward groups since the last admitted one.
     equal_in_a_row: u64,
+    /// Groups of this stage decided as their own version's (see [`GroupFilter::decided`]).
+    decided: u64,
 }
 
 impl GroupFilter {
     /// A filter with zeroed metrics.
     pub fn new(cfg: FilterConfig) -> Result<Self> {
-        Self::resume(cfg, FilterMetrics::default(), 0)
+        Self::resume(cfg, FilterMetrics::default(), 0, 0)
     }
 
-    /// A filter continuing from saved metrics and equal-reward run length (resume).
-    pub fn resume(cfg: FilterConfig, metrics: FilterMetrics, equal_in_a_row: u64) -> Result<Self> {
+    /// A filter continuing from saved metrics, equal-reward run length and decided-group count
+    /// (resume).
+    pub fn resume(
+        cfg: FilterConfig,
+        metrics: FilterMetrics,
+        equal_in_a_row: u64,
+        decided: u64,
+    ) -> Result<Self> {
         cfg.validate()?;
         Ok(GroupFilter {
             cfg,
             metrics,
-            decided: HashSet::new(),
+            hashes: HashSet::new(),
             decided_at: None,
             equal_in_a_row,
+            decided,
         })
+    }
+
+    /// Groups of the stage decided as samples of a version the learner accepts: kept, or
+    /// dropped for equal rewards or as bad input; not the stale ones, a second delivery of one
+    /// already decided, nor another stage's (part of the resumable state). Strictly on-policy,
+    /// every actor's draws of the next version start after these in the stage's shared prompt
+    /// order, so no prompt the learner has trained on or filtered out at one version is drawn
+    /// again at the next.
+    pub fn decided(&self) -> u64 {
+        self.decided
     }
 
     /// Equal-reward groups since the last admitted one (part of the resumable state).
@@ -309,10 +328,16 @@ impl GroupFilter {
     ) -> std::result::Result<(), DropReason> {
         self.metrics.seen += 1;
         if self.decided_at != Some(current_version) {
-            self.decided.clear();
+            self.hashes.clear();
             self.decided_at = Some(current_version);
         }
         let verdict = self.decide(group, current_version);
+        if !matches!(
+            verdict,
+            Err(DropReason::Stale { .. } | DropReason::Duplicate | DropReason::OtherStage { .. })
+        ) {
+            self.decided += 1;
+        }
         match &verdict {
             Ok(()) => {
                 self.metrics.kept += 1;
@@ -367,7 +392,7 @@ impl GroupFilter {
             });
         }
         check_input(group, self.cfg.vocab_size, current_version).map_err(DropReason::BadInput)?;
-        if !self.decided.insert(content_hash(group)) {
+        if !self.hashes.insert(content_hash(group)) {
             return Err(DropReason::Duplicate);
         }
         let group_version = group.min_policy_version();
@@ -468,6 +493,8 @@ mod tests {
         );
         let m = f.metrics();
         assert_eq!((m.seen, m.kept, m.stale, m.equal_rewards), (4, 1, 2, 1));
+        // Decided at their own version: the kept group and the equal-reward one.
+        assert_eq!(f.decided(), 2);
     }
 
     #[test]

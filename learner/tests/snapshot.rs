@@ -38,6 +38,7 @@ fn state(step: u64) -> LearnerState {
         stage_progress: StageProgress {
             reference_version: Some(step / 2),
             equal_in_a_row: 1,
+            groups_decided: 9,
         },
         filter_metrics: FilterMetrics {
             seen: step,

@@ -105,7 +105,7 @@ impl Stage {
             epoch: 0,
             order: Vec::new(),
             on_policy,
-            base: stage_step * config.batch_prompts as u64,
+            base: 0,
             next_k: 0,
             shared_order: None,
             tracker: None,
@@ -156,9 +156,10 @@ impl Stage {
         self.shared_order.as_ref().expect("just set").1[(g % n) as usize]
     }
 
-    /// Starts the prompts of a new policy version (on-policy mode).
-    pub(super) fn restart_at(&mut self, stage_step: u64) {
-        self.base = stage_step * self.config.batch_prompts as u64;
+    /// Starts the prompts of a new policy version (on-policy mode) at `base` in the stage's
+    /// shared order ([`schedule_base`]).
+    pub(super) fn restart_at(&mut self, base: u64) {
+        self.base = base;
         self.next_k = 0;
     }
 
@@ -215,5 +216,25 @@ impl Stage {
         } else {
             mix(self.params.seed, self.epoch)
         }
+    }
+}
+
+/// On-policy: where the next version's draws start in stage `index`'s shared prompt order for
+/// the learner's `state`: after every group the learner has decided on in the stage (kept, or
+/// dropped for equal rewards). Not `stage_step × batch_prompts`: dynamic filtering makes the
+/// learner decide on several times `batch_prompts` groups a step (about 4× in the tiny
+/// default's math stage), and each version then re-drew the prompts its predecessor had just
+/// trained on or filtered out. States of earlier builds, which lack the count, keep that rule.
+pub(super) fn schedule_base(state: Option<&LearnerState>, index: u32, batch_prompts: usize) -> u64 {
+    match state {
+        Some(s) if s.stage_index == index => {
+            let decided = s.stage_progress.groups_decided;
+            if decided == 0 && s.stage_step > 0 {
+                s.stage_step * batch_prompts as u64
+            } else {
+                decided
+            }
+        }
+        _ => 0,
     }
 }

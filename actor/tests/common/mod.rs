@@ -41,9 +41,28 @@ pub fn publish_tiny(
     seed: u64,
     stage_index: u32,
 ) {
+    use cascade_shared::snapshot::LearnerState;
+    let state = LearnerState {
+        step: version,
+        policy_version: version,
+        stage_index,
+        stage_step: version,
+        ..LearnerState::initial(serde_json::json!({}))
+    };
+    publish_tiny_with(snapshots, cfg, seed, &state);
+}
+
+/// Publishes a snapshot of a random tiny model (`cfg`, weights seed `seed`) as version
+/// `state.policy_version`, with the learner's `state`.
+pub fn publish_tiny_with(
+    snapshots: &Path,
+    cfg: &ModelConfig,
+    seed: u64,
+    state: &cascade_shared::snapshot::LearnerState,
+) {
     use cascade_learner::snapshot::{publish, SnapshotInput};
     use cascade_learner::{AdamW, AdamWConfig};
-    use cascade_shared::snapshot::LearnerState;
+    let version = state.policy_version;
     let w = random_weights(cfg, seed, &Device::Cpu).expect("weights");
     let mut model: Vec<(String, candle_core::Tensor)> = w.into_iter().collect();
     model.sort_by(|a, b| a.0.cmp(&b.0));
@@ -53,13 +72,6 @@ pub fn publish_tiny(
         .map(|(k, t)| (k.clone(), candle_core::Var::from_tensor(t).unwrap()))
         .collect();
     let opt = AdamW::new(vars, AdamWConfig::default()).expect("optimizer");
-    let state = LearnerState {
-        step: version,
-        policy_version: version,
-        stage_index,
-        stage_step: version,
-        ..LearnerState::initial(serde_json::json!({}))
-    };
     let config_json = serde_json::to_vec(&cfg.to_hf_json("float32")).unwrap();
     let tok = tempfile::tempdir().unwrap();
     cascade_shared::tokenizer::write_tiny_tokenizer(tok.path()).unwrap();
@@ -70,7 +82,7 @@ pub fn publish_tiny(
         &SnapshotInput {
             model: &model,
             optimizer: Some(&opt),
-            state: &state,
+            state,
             config_json: &config_json,
             tokenizer_json: &tokenizer_json,
             extra_files: &[],

@@ -240,6 +240,7 @@ impl<S: RolloutSource> Learner<'_, S> {
                 self.state.stage_progress = cascade_shared::snapshot::StageProgress {
                     reference_version: Some(self.state.policy_version),
                     equal_in_a_row: 0,
+                    groups_decided: 0,
                 };
             }
             let finished = match sft {

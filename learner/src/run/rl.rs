@@ -48,6 +48,7 @@ impl<S: RolloutSource> Learner<'_, S> {
             filter_config(config, index, stage, self.policy.cfg.vocab_size),
             self.state.filter_metrics.clone(),
             self.state.stage_progress.equal_in_a_row,
+            self.state.stage_progress.groups_decided,
         )?;
         let mut tracker = match &self.state.prompt_tracker {
             Some(s) => PromptTracker::from_state(config.outcomes.clone(), s)?,
@@ -160,6 +161,7 @@ impl<S: RolloutSource> Learner<'_, S> {
             self.state.filter_metrics = filter.metrics().clone();
             self.state.prompt_tracker = Some(tracker.state());
             self.state.stage_progress.equal_in_a_row = filter.equal_in_a_row();
+            self.state.stage_progress.groups_decided = filter.decided();
             let stage_step = self.state.stage_step;
             let step_s = t0.elapsed().as_secs_f64();
             let compute_s = (step_s - step.idle_s).max(1e-9);

@@ -69,6 +69,11 @@ pub struct StageProgress {
     pub reference_version: Option<u64>,
     /// Groups in a row with all-equal rewards (decides when a no-signal step happens).
     pub equal_in_a_row: u64,
+    /// Groups of the stage the learner has decided on as samples of an accepted version (kept,
+    /// or dropped for equal rewards or bad input). Strictly on-policy, where the actors' next
+    /// version draws from in the stage's shared prompt order. 0 in states of earlier builds.
+    #[serde(default)]
+    pub groups_decided: u64,
 }
 
 /// Counters of every admission decision, serialised into the snapshot's state.
@@ -145,7 +150,8 @@ mod tests {
             s.stage_progress,
             StageProgress {
                 reference_version: Some(2),
-                equal_in_a_row: 3
+                equal_in_a_row: 3,
+                groups_decided: 0,
             }
         );
         assert_eq!(s.filter_metrics.kept, 1);
