@@ -10,7 +10,7 @@ use std::time::Duration;
 use candle_core::Device;
 use cascade_actor::engine::{Engine, Finished, GenParams, Job};
 use cascade_actor::rewards::{Detokenize, GroupContext, RewardPipeline, ScoreTask};
-use cascade_actor::run::{choose_mode, run_actor_with, ActorOptions, RolloutOverrides};
+use cascade_actor::run::{choose_mode, run_actor_with, ActorOptions, RolloutOverrides, RunSummary};
 use cascade_actor::sampler::SamplingParams;
 use cascade_replay::ReaderOptions;
 use cascade_rewards::{Reward, SplitResponse, Verifier, VerifyError};
@@ -279,11 +279,6 @@ fn a_failed_verification_is_not_copied_to_repeats() {
 fn the_actor_loop_writes_groups_that_decode() {
     let dir = tempfile::tempdir().unwrap();
     let base = dir.path();
-    std::fs::write(
-        base.join("model.json"),
-        serde_json::to_string(&common::tiny_config(128).to_hf_json("float32")).unwrap(),
-    )
-    .unwrap();
     let mut data = String::new();
     for i in 0..5 {
         data.push_str(&format!(
@@ -297,19 +292,15 @@ fn the_actor_loop_writes_groups_that_decode() {
         "{{\"id\": 99, \"prompt\": \"{}\", \"answer\": \"1\"}}\n",
         "x".repeat(200)
     ));
-    std::fs::write(base.join("math.jsonl"), data).unwrap();
-    let toml = r#"
-[model]
-init = { config = "model.json", seed = 3 }
+    let config = math_run(
+        base,
+        &data,
+        r#"
 [actor]
 gen_batch = 4
 max_new_tokens = 16
 reward_workers = 2
 seed = 5
-[replay]
-segment_bytes = 1048576
-max_segments = 4
-max_inflight = 64
 [[stages]]
 name = "math"
 kind = "math"
@@ -320,33 +311,14 @@ group_size = 3
 mode_mix = 0.5
 max_response_tokens = [8, 16]
 curriculum_steps = [5]
-"#;
-    let config = RunConfig::parse(toml, "test.toml", base, &[]).unwrap();
-    let run_dir = base.join("run");
-    let opts = ActorOptions {
-        run_dir: run_dir.clone(),
-        actor_id: 1,
-        device: Device::Cpu,
-        config,
-        overrides: RolloutOverrides::default(),
-        max_groups: Some(7),
-    };
-    let summary = run_actor_with(opts, Arc::new(AtomicBool::new(false))).unwrap();
+"#,
+    );
+    let (summary, got) = run_and_read(&base.join("run"), config, 1, 7);
     assert_eq!(summary.groups, 7);
     assert!(summary.skipped_prompts >= 1, "the long prompt was skipped");
-    let mut source =
-        ReplaySource::open(run_dir.join("replay"), ReaderOptions::default(), None).unwrap();
-    let mut got = Vec::new();
-    for _ in 0..50 {
-        got.extend(source.recv(Duration::from_millis(20)).unwrap());
-        if got.len() >= 7 {
-            break;
-        }
-    }
     assert_eq!(got.len(), 7);
-    for r in &got {
-        let g = &r.group;
-        assert_eq!(r.actor, "actor-1");
+    for (actor, g) in &got {
+        assert_eq!(actor, "actor-1");
         assert_eq!(
             (g.stage, g.stage_index, g.actor_id),
             (StageKind::Math, 0, 1)
@@ -386,12 +358,6 @@ fn on_policy_draws_of_a_new_version_start_after_the_groups_the_learner_decided()
     use cascade_shared::snapshot::LearnerState;
     let dir = tempfile::tempdir().unwrap();
     let base = dir.path();
-    let cfg = common::tiny_config(128);
-    std::fs::write(
-        base.join("model.json"),
-        serde_json::to_string(&cfg.to_hf_json("float32")).unwrap(),
-    )
-    .unwrap();
     let mut data = String::new();
     for i in 0..60 {
         data.push_str(&format!(
@@ -400,10 +366,10 @@ fn on_policy_draws_of_a_new_version_start_after_the_groups_the_learner_decided()
             i + 1
         ));
     }
-    std::fs::write(base.join("math.jsonl"), data).unwrap();
-    let toml = r#"
-[model]
-init = { config = "model.json", seed = 3 }
+    let config = math_run(
+        base,
+        &data,
+        r#"
 [actor]
 gen_batch = 4
 max_new_tokens = 4
@@ -411,10 +377,6 @@ reward_workers = 1
 seed = 5
 [learner]
 max_staleness = 0
-[replay]
-segment_bytes = 1048576
-max_segments = 4
-max_inflight = 64
 [[stages]]
 name = "math"
 kind = "math"
@@ -423,31 +385,19 @@ steps = 10
 lr = 1e-4
 batch_prompts = 2
 group_size = 2
-"#;
-    let config = RunConfig::parse(toml, "test.toml", base, &[]).unwrap();
+"#,
+    );
     // The prompts an actor draws at the learner's `state`, `groups` of them.
     let drawn = |name: &str, state: LearnerState, groups: u64| -> Vec<u64> {
         let run_dir = base.join(name);
-        common::publish_tiny_with(&run_dir.join("snapshots"), &cfg, 11, &state);
-        let opts = ActorOptions {
-            run_dir: run_dir.clone(),
-            actor_id: 0,
-            device: Device::Cpu,
-            config: config.clone(),
-            overrides: RolloutOverrides::default(),
-            max_groups: Some(groups),
-        };
-        run_actor_with(opts, Arc::new(AtomicBool::new(false))).unwrap();
-        let mut source =
-            ReplaySource::open(run_dir.join("replay"), ReaderOptions::default(), None).unwrap();
-        let mut got = Vec::new();
-        for _ in 0..100 {
-            got.extend(source.recv(Duration::from_millis(20)).unwrap());
-            if got.len() as u64 >= groups {
-                break;
-            }
-        }
-        let mut ids: Vec<u64> = got.iter().map(|r| r.group.prompt_id).collect();
+        common::publish_tiny_with(
+            &run_dir.join("snapshots"),
+            &common::tiny_config(128),
+            11,
+            &state,
+        );
+        let (_, got) = run_and_read(&run_dir, config.clone(), 0, groups);
+        let mut ids: Vec<u64> = got.iter().map(|(_, g)| g.prompt_id).collect();
         ids.sort_unstable();
         assert_eq!(ids.len() as u64, groups, "{name}: every group written");
         ids
@@ -478,4 +428,61 @@ group_size = 2
     // A state of an earlier build (no count) keeps the old rule: step × batch_prompts.
     let old = drawn("old", at(2, 4, 0), 4);
     assert!(old.iter().all(|p| both.contains(p) && !first.contains(p)));
+}
+
+/// Writes `model.json` (the tests' tiny config) and `math.jsonl` (`lines`) into `base`, and
+/// parses a run config of `[model]` (a random init of it), `[replay]` and `rest`.
+fn math_run(base: &std::path::Path, lines: &str, rest: &str) -> RunConfig {
+    std::fs::write(
+        base.join("model.json"),
+        serde_json::to_string(&common::tiny_config(128).to_hf_json("float32")).unwrap(),
+    )
+    .unwrap();
+    std::fs::write(base.join("math.jsonl"), lines).unwrap();
+    let toml = format!(
+        r#"
+[model]
+init = {{ config = "model.json", seed = 3 }}
+[replay]
+segment_bytes = 1048576
+max_segments = 4
+max_inflight = 64
+{rest}"#
+    );
+    RunConfig::parse(&toml, "test.toml", base, &[]).unwrap()
+}
+
+/// Runs actor `actor_id` of `config` in `run_dir` until it has written `groups` groups, and
+/// reads them back from the replay log (actor name, group).
+fn run_and_read(
+    run_dir: &std::path::Path,
+    config: RunConfig,
+    actor_id: u32,
+    groups: u64,
+) -> (RunSummary, Vec<(String, RolloutGroup)>) {
+    let opts = ActorOptions {
+        run_dir: run_dir.to_path_buf(),
+        actor_id,
+        device: Device::Cpu,
+        config,
+        overrides: RolloutOverrides::default(),
+        max_groups: Some(groups),
+    };
+    let summary = run_actor_with(opts, Arc::new(AtomicBool::new(false))).unwrap();
+    let mut source =
+        ReplaySource::open(run_dir.join("replay"), ReaderOptions::default(), None).unwrap();
+    let mut got = Vec::new();
+    for _ in 0..100 {
+        got.extend(
+            source
+                .recv(Duration::from_millis(20))
+                .unwrap()
+                .into_iter()
+                .map(|r| (r.actor, r.group)),
+        );
+        if got.len() as u64 >= groups {
+            break;
+        }
+    }
+    (summary, got)
 }
