@@ -279,19 +279,11 @@ fn a_failed_verification_is_not_copied_to_repeats() {
 fn the_actor_loop_writes_groups_that_decode() {
     let dir = tempfile::tempdir().unwrap();
     let base = dir.path();
-    let mut data = String::new();
-    for i in 0..5 {
-        data.push_str(&format!(
-            "{{\"id\": {}, \"prompt\": \"What is {i}+{i}?\", \"answer\": \"{}\"}}\n",
-            10 + i,
-            2 * i
-        ));
-    }
+    let mut data: String = (0..5)
+        .map(|i| math_line(10 + i, &format!("What is {i}+{i}?"), 2 * i))
+        .collect();
     // One prompt longer than the context: skipped and counted, never a crash.
-    data.push_str(&format!(
-        "{{\"id\": 99, \"prompt\": \"{}\", \"answer\": \"1\"}}\n",
-        "x".repeat(200)
-    ));
+    data.push_str(&math_line(99, &"x".repeat(200), 1));
     let config = math_run(
         base,
         &data,
@@ -358,14 +350,9 @@ fn on_policy_draws_of_a_new_version_start_after_the_groups_the_learner_decided()
     use cascade_shared::snapshot::LearnerState;
     let dir = tempfile::tempdir().unwrap();
     let base = dir.path();
-    let mut data = String::new();
-    for i in 0..60 {
-        data.push_str(&format!(
-            "{{\"id\": {}, \"prompt\": \"What is {i}+1?\", \"answer\": \"{}\"}}\n",
-            100 + i,
-            i + 1
-        ));
-    }
+    let data: String = (0..60)
+        .map(|i| math_line(100 + i, &format!("What is {i}+1?"), i + 1))
+        .collect();
     let config = math_run(
         base,
         &data,
@@ -428,6 +415,14 @@ group_size = 2
     // A state of an earlier build (no count) keeps the old rule: step × batch_prompts.
     let old = drawn("old", at(2, 4, 0), 4);
     assert!(old.iter().all(|p| both.contains(p) && !first.contains(p)));
+}
+
+/// One line of a math dataset.
+fn math_line(id: u64, prompt: &str, answer: u64) -> String {
+    format!(
+        "{}\n",
+        serde_json::json!({"id": id, "prompt": prompt, "answer": answer.to_string()})
+    )
 }
 
 /// Writes `model.json` (the tests' tiny config) and `math.jsonl` (`lines`) into `base`, and
