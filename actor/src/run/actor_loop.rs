@@ -13,7 +13,7 @@ use cascade_shared::metrics::{MetricsLog, METRICS_FILE};
 use cascade_shared::transport::{ReplaySink, RolloutSink};
 
 use super::seeds::{choose_mode, mix};
-use super::stage::{schedule_base, Stage};
+use super::stage::Stage;
 use super::start::{rl_stage_from, wait_for_weights};
 use super::{ActorOptions, RunSummary};
 use crate::engine::{Engine, GenParams, Job};
@@ -92,11 +92,7 @@ pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSu
     if let Some(state) = &start.state {
         stage.set_tracker(state, &opts.config.outcomes);
     }
-    stage.restart_at(schedule_base(
-        start.state.as_ref(),
-        stage.index,
-        stage.config.batch_prompts,
-    ));
+    stage.restart_for(start.state.as_ref());
     stage_index = stage.index;
     // 2. The reward pipeline and the replay writer.
     let replay = &opts.config.replay;
@@ -174,11 +170,7 @@ pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSu
                                 contexts.remove(&f.job.tag);
                             }
                             contexts.clear();
-                            stage.restart_at(schedule_base(
-                                Some(&w.state),
-                                stage.index,
-                                stage.config.batch_prompts,
-                            ));
+                            stage.restart_for(Some(&w.state));
                         }
                     }
                     None => {

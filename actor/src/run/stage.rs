@@ -156,10 +156,10 @@ impl Stage {
         self.shared_order.as_ref().expect("just set").1[(g % n) as usize]
     }
 
-    /// Starts the prompts of a new policy version (on-policy mode) at `base` in the stage's
-    /// shared order ([`schedule_base`]).
-    pub(super) fn restart_at(&mut self, base: u64) {
-        self.base = base;
+    /// Starts the prompts of the learner's current policy version (on-policy mode) where its
+    /// `state` says ([`schedule_base`]).
+    pub(super) fn restart_for(&mut self, state: Option<&LearnerState>) {
+        self.base = schedule_base(state, self.index, self.config.batch_prompts);
         self.next_k = 0;
     }
 
@@ -222,10 +222,10 @@ impl Stage {
 /// On-policy: where the next version's draws start in stage `index`'s shared prompt order for
 /// the learner's `state`: after every group the learner has decided on in the stage (kept, or
 /// dropped for equal rewards). Not `stage_step × batch_prompts`: dynamic filtering makes the
-/// learner decide on several times `batch_prompts` groups a step (about 4× in the tiny
+/// learner decide on several times `batch_prompts` groups a step (about 3× in the tiny
 /// default's math stage), and each version then re-drew the prompts its predecessor had just
 /// trained on or filtered out. States of earlier builds, which lack the count, keep that rule.
-pub(super) fn schedule_base(state: Option<&LearnerState>, index: u32, batch_prompts: usize) -> u64 {
+fn schedule_base(state: Option<&LearnerState>, index: u32, batch_prompts: usize) -> u64 {
     match state {
         Some(s) if s.stage_index == index => {
             let decided = s.stage_progress.groups_decided;
