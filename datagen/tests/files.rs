@@ -12,7 +12,8 @@ fn small() -> TinySizes {
         sft: 200,
         prefs: 60,
         rl: 40,
-        heldout: 12,
+        heldout: [12, 12, 20, 16, 14],
+        heldout_pairs: 12,
     }
 }
 

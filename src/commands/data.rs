@@ -185,7 +185,8 @@ pub struct TinyArgs {
     /// RL prompts per domain.
     #[arg(long)]
     pub rl: Option<usize>,
-    /// Held-out prompts per domain.
+    /// Held-out prompts of every domain and held-out preference pairs (default: 96, and 480 math,
+    /// 192 code and 150 swe prompts).
     #[arg(long)]
     pub heldout: Option<usize>,
 }
@@ -194,11 +195,15 @@ impl TinyArgs {
     /// The sizes asked for (defaults where not given).
     pub fn sizes(&self) -> TinySizes {
         let d = TinySizes::default();
-        TinySizes {
+        let sizes = TinySizes {
             sft: self.sft.unwrap_or(d.sft),
             prefs: self.prefs.unwrap_or(d.prefs),
             rl: self.rl.unwrap_or(d.rl),
-            heldout: self.heldout.unwrap_or(d.heldout),
+            ..d
+        };
+        match self.heldout {
+            Some(n) => sizes.with_heldout(n),
+            None => sizes,
         }
     }
 }
