@@ -1,15 +1,16 @@
 //! Seeded synthetic datasets of the embedded tiny default (`cascade data tiny`).
 //!
-//! The tiny default trains a ~1M-parameter, byte-level model (one token per byte, ChatML
-//! template, `/think` and `/no_think` modes) on two CPU cores in minutes: SFT first teaches the
-//! formats, then the GRPO stages rlhf → if → math → code → swe must each visibly raise their
-//! domain's held-out reward. That budget shapes every choice here:
+//! The tiny default trains a ~1M-parameter model (a 1024-token byte-level BPE vocabulary that
+//! `cascade data tiny` trains on the training files, ChatML template, `/think` and `/no_think`
+//! modes) on two CPU cores in minutes: SFT first teaches the formats, then the GRPO stages
+//! rlhf → if → math → code → swe must each visibly raise their domain's held-out reward. That
+//! budget shapes every choice here:
 //!
-//! * **Short texts.** Every byte is a token, and the model has a short context and little
-//!   capacity, so prompts stay within [`MAX_PROMPT_BYTES`] (76; most are 20–70 bytes), direct
-//!   answers around 40 bytes, thinking under 40 bytes, and code or diff answers about 90 bytes
-//!   (100 at most). SFT rows fit in 80 bytes of user text and 160 bytes of assistant text
-//!   (checked by the tests).
+//! * **Short texts.** The model has a short context and little capacity (and the texts were
+//!   first sized for one token per byte), so prompts stay within [`MAX_PROMPT_BYTES`] (76; most
+//!   are 20–70 bytes), direct answers around 40 bytes, thinking under 40 bytes, and code or
+//!   diff answers about 90 bytes (100 at most). SFT rows fit in 80 bytes of user text and 160
+//!   bytes of assistant text (checked by the tests).
 //! * **Small templates.** Each domain is a handful of sentence templates over small tables
 //!   (topics, names, numbers, function shapes), so the model can learn the structure, and
 //!   whatever must be right — a digit, an operator, a keyword, a file name — is readable
