@@ -185,8 +185,8 @@ pub struct TinyArgs {
     /// RL prompts per domain.
     #[arg(long)]
     pub rl: Option<usize>,
-    /// Held-out prompts of every domain and held-out preference pairs (default: 96, and 480 math,
-    /// 192 code and 150 swe prompts).
+    /// Held-out prompts of every domain and held-out preference pairs (default: 192 rlhf, if and
+    /// code prompts, 480 math, 150 swe, 96 pairs).
     #[arg(long)]
     pub heldout: Option<usize>,
 }
