@@ -49,7 +49,8 @@ impl Domain {
         }
     }
 
-    fn index(self) -> u64 {
+    /// The domain's position in [`Domain::ALL`] (its declaration order).
+    pub(crate) fn index(self) -> u64 {
         self as u64
     }
 

@@ -77,7 +77,7 @@ pub struct TinySizes {
     /// Training RL prompts per domain (`{domain}.jsonl`).
     pub rl: usize,
     /// Held-out prompts of each domain (`{domain}-heldout.jsonl`), in [`Domain::ALL`] order.
-    pub heldout: [usize; 5],
+    pub heldout: [usize; Domain::ALL.len()],
     /// Held-out preference pairs (`prefs-heldout.jsonl`).
     pub heldout_pairs: usize,
 }
@@ -111,8 +111,7 @@ impl TinySizes {
 
     /// Held-out prompts of domain `d`.
     pub fn heldout_of(&self, d: Domain) -> usize {
-        let i = Domain::ALL.iter().position(|x| *x == d).unwrap_or(0);
-        self.heldout[i]
+        self.heldout[d.index() as usize]
     }
 
     /// Lines of `sft-mix.jsonl`: the SFT rows (round-robin over [`Domain::ALL`]) whose domain
