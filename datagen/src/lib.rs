@@ -22,6 +22,10 @@
 //!   real verifiers of `cascade-rewards` (1.0), and a deliberately wrong answer (< 1). The
 //!   instruction-following generator also runs `cascade-rewards`' IFEval checks on each draw and
 //!   redraws a gold answer they reject (see [`instruct`]).
+//! * **Only what the model can learn in RL.** The if stage's RL prompts (`if.jsonl`) never ask
+//!   for capitals: this tokenizer writes upper-case words a letter at a time, and RL on that
+//!   constraint taught the model letter loops instead of capitals ([`instruct::sample_rl`]). The
+//!   SFT rows and the held-out prompts still ask for them.
 //!
 //! # Files
 //! `sft.jsonl`, `sft-mix.jsonl` (the SFT rows of the verifiable domains, for the RL stages'
@@ -62,7 +66,7 @@ pub use common::{Domain, Mode, Task, MAX_PROMPT_BYTES};
 use common::{draw_excluding, draw_unique, stream, Purpose};
 
 /// Bumped whenever the generated data changes for a given seed and sizes.
-pub const GENERATOR_VERSION: u32 = 8;
+pub const GENERATOR_VERSION: u32 = 9;
 
 /// Name of the manifest, written last.
 pub const MANIFEST: &str = "MANIFEST.json";
@@ -230,7 +234,7 @@ pub fn generate(seed: u64, sizes: &TinySizes) -> Result<TinyData, DatagenError> 
         let mut rng = stream(seed, d, Purpose::Heldout);
         let tasks = draw_unique(
             &mut rng,
-            d,
+            |r| d.sample(r),
             sizes.heldout_of(d),
             &none,
             &format!("{}-heldout", d.name()),
@@ -262,7 +266,7 @@ pub fn generate(seed: u64, sizes: &TinySizes) -> Result<TinyData, DatagenError> 
     let mut train = BTreeMap::new();
     for d in Domain::ALL {
         let mut rng = stream(seed, d, Purpose::Train);
-        let tasks = draw_unique(&mut rng, d, sizes.rl, &exclude, d.name())?;
+        let tasks = draw_unique(&mut rng, |r| d.sample_rl(r), sizes.rl, &exclude, d.name())?;
         train.insert(d, tasks);
     }
 

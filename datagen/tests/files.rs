@@ -249,3 +249,35 @@ fn sft_mix_is_the_sft_file_without_chat_rows() {
     assert_eq!(chat, 40);
     assert_eq!(mix.len() + chat, sft.len());
 }
+
+/// The if stage's RL prompts never ask for capitals (issue 19: RL on that constraint taught the
+/// tiny model letter loops); the SFT rows and the held-out prompts still do, and the file holds
+/// as many prompts as asked.
+#[test]
+fn if_rl_prompts_ask_for_no_capitals_but_sft_and_heldout_do() {
+    let sizes = TinySizes {
+        sft: 400,
+        rl: 120,
+        heldout: [12, 60, 20, 16, 14],
+        ..small()
+    };
+    let data = generate(5, &sizes).unwrap();
+    let caps = |t: &cascade_datagen::Task| {
+        t.reference["instruction_id_list"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|id| id == "change_case:english_capital")
+    };
+    let train = &data.train[&Domain::If];
+    assert_eq!(train.len(), 120);
+    assert!(!train.iter().any(caps), "an if RL prompt asks for capitals");
+    let heldout = data.heldout[&Domain::If].iter().filter(|t| caps(t)).count();
+    assert!(heldout > 0, "no held-out if prompt asks for capitals");
+    let sft = data
+        .sft
+        .iter()
+        .filter(|r| r.task.domain == Domain::If && caps(&r.task))
+        .count();
+    assert!(sft > 0, "no SFT row asks for capitals");
+}
