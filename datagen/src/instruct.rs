@@ -104,14 +104,11 @@ pub fn sample(rng: &mut ChaCha8Rng) -> Task {
 /// Draws one task for the if stage's RL prompts (`if.jsonl`): as [`sample`], without
 /// `change_case:english_capital`. The SFT rows and the held-out prompts keep it.
 ///
-/// Why (issue 19): the tiny tokenizer, trained on this data, has merges for two upper-case words
-/// (upper-case answers are 76 of the 2 400 default SFT rows), so the tiny model writes capitals a
-/// letter at a time. RL on that constraint did not raise its reward on those prompts (0.51 →
-/// 0.52); it paid for any upper-case string ("OOOOS ARE SOOOOL.") and taught letter loops that
-/// leaked into every domain: in one strictly on-policy seed the if stage
-/// took such samples from 2 to 113 of 1 536 on the rlhf held-out prompts (the RM scores them about
-/// −3.6, a good answer about +3) and the RM score from 3.061 to 2.780. Without capitals in the if
-/// stage's prompts, from the same post-rlhf models: −0.074 and −0.048 (−0.281 and −0.139 with).
+/// Why (issue 19): the tiny tokenizer, trained on this data, has merges for two upper-case words,
+/// so the tiny model writes capitals a letter at a time. RL on that constraint did not teach
+/// capitals; it paid for any upper-case string ("OOOOS ARE SOOOOL.") and taught letter loops that
+/// leaked into every domain and cost the RM score up to 0.33. The measurements are in
+/// `configs/tiny.toml` (the note above its rlhf stage).
 pub fn sample_rl(rng: &mut ChaCha8Rng) -> Task {
     loop {
         let task = sample(rng);
