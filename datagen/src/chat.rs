@@ -32,13 +32,22 @@ const TEMPLATES: [&str; 16] = [
     "Sum up {} for me.",
 ];
 
-/// A concise on-topic answer about `topic`, in one of three shapes.
+/// A concise on-topic answer about `topic`, in one of four shapes.
+///
+/// The shortest, "Cats are soft.", is also the gold answer of an instruction-following prompt
+/// with a word limit (`instruct`) and the sentence that [`Flaw::RepeatedPhrase`] repeats. Why it
+/// is a chosen answer too (issue 19, generator version 10): without it the reward model saw that
+/// sentence only in rejected answers and learned "three words = bad" instead of "repeated =
+/// bad"; it scored "Tea is hot." about −3.4 against about +3 for "Tea is hot, calm and dark.",
+/// so the if stage, which teaches short answers for word limits, lowered the chat RM score by up
+/// to 0.39 when they leaked into chat answers.
 pub fn concise_answer(rng: &mut ChaCha8Rng, topic: &Topic) -> String {
     let [a1, a2, a3] = topic.adjectives;
     let (s, v) = (topic.subject(), topic.verb());
-    match rng.random_range(0..3) {
+    match rng.random_range(0..4) {
         0 => format!("{s} {v} {a1} and {a2}."),
         1 => format!("{s} {v} {a1}, {a2} and {a3}."),
+        2 => format!("{s} {v} {a1}."),
         _ => format!("I like {}. {} {v} {a1}.", topic.name, topic.pronoun()),
     }
 }

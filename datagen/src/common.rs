@@ -64,17 +64,6 @@ impl Domain {
             Domain::Swe => crate::swe::sample(rng),
         }
     }
-
-    /// Draws one task of this domain's RL training prompts (`{domain}.jsonl`): as [`sample`],
-    /// except that the if stage's prompts ask for no capitals (see [`crate::instruct::sample_rl`]).
-    ///
-    /// [`sample`]: Domain::sample
-    pub fn sample_rl(self, rng: &mut ChaCha8Rng) -> Task {
-        match self {
-            Domain::If => crate::instruct::sample_rl(rng),
-            d => d.sample(rng),
-        }
-    }
 }
 
 /// Thinking or direct answer (the rollout schema's own type): the chat template adds the
@@ -143,12 +132,11 @@ pub fn pick<'a, T>(rng: &mut ChaCha8Rng, items: &'a [T]) -> &'a T {
     &items[rng.random_range(0..items.len())]
 }
 
-/// Draws tasks with `sample` until `n` distinct prompts not in `exclude` are found, in draw order.
-/// Fails when the generator's prompt space is too small for `n` (after a generous number of
-/// attempts).
+/// Draws tasks until `n` distinct prompts not in `exclude` are found, in draw order. Fails when the
+/// generator's prompt space is too small for `n` (after a generous number of attempts).
 pub fn draw_unique(
     rng: &mut ChaCha8Rng,
-    sample: impl Fn(&mut ChaCha8Rng) -> Task,
+    domain: Domain,
     n: usize,
     exclude: &HashSet<String>,
     what: &str,
@@ -166,7 +154,7 @@ pub fn draw_unique(
             });
         }
         attempts += 1;
-        let task = sample(rng);
+        let task = domain.sample(rng);
         if exclude.contains(&task.prompt) || !seen.insert(task.prompt.clone()) {
             continue;
         }

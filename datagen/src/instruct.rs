@@ -44,10 +44,18 @@ const KEYWORDS: [&str; 8] = [
 const END_PHRASES: [&str; 4] = ["That is all.", "The end.", "Thank you.", "Bye for now."];
 
 /// The constraint kinds used by the tiny dataset.
+///
+/// Not `change_case:english_capital` (generator version 10, issue 19). The tiny tokenizer,
+/// trained on this data, has merges for almost no upper-case word, so the model writes capitals
+/// a letter at a time. RL on "Use only capitals." did not teach capitals: it paid for any
+/// upper-case string ("OOOOS ARE SOOOOL.") and taught letter loops that leaked into chat answers
+/// and cost the RM score up to 0.33. With capitals in SFT and the held-out set but not in RL,
+/// the if stage's lowercase training undid them (held-out capitals prompts 0.56 → 0.25), which
+/// hid its gain on everything else (+0.016 overall, +0.085 without those prompts). The
+/// measurements are in `configs/tiny.toml` (the note above its rlhf stage).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Lowercase,
-    Capital,
     NoComma,
     Quotation,
     Title,
@@ -56,9 +64,8 @@ enum Kind {
     Words,
 }
 
-const KINDS: [Kind; 8] = [
+const KINDS: [Kind; 7] = [
     Kind::Lowercase,
-    Kind::Capital,
     Kind::NoComma,
     Kind::Quotation,
     Kind::Title,
@@ -71,7 +78,6 @@ impl Kind {
     fn id(self) -> &'static str {
         match self {
             Kind::Lowercase => "change_case:english_lowercase",
-            Kind::Capital => "change_case:english_capital",
             Kind::NoComma => "punctuation:no_comma",
             Kind::Quotation => "startend:quotation",
             Kind::Title => "detectable_format:title",
@@ -83,10 +89,6 @@ impl Kind {
 
     fn compatible(self, other: Kind) -> bool {
         self != other
-            && !matches!(
-                (self, other),
-                (Kind::Lowercase, Kind::Capital) | (Kind::Capital, Kind::Lowercase)
-            )
     }
 }
 
@@ -96,26 +98,6 @@ pub fn sample(rng: &mut ChaCha8Rng) -> Task {
     loop {
         let task = sample_any(rng);
         if task.prompt.len() <= MAX_PROMPT_BYTES && gold_follows(&task) {
-            return task;
-        }
-    }
-}
-
-/// Draws one task for the if stage's RL prompts (`if.jsonl`): as [`sample`], without
-/// `change_case:english_capital`. The SFT rows and the held-out prompts keep it.
-///
-/// Why (issue 19): the tiny tokenizer, trained on this data, has merges for two upper-case words,
-/// so the tiny model writes capitals a letter at a time. RL on that constraint did not teach
-/// capitals; it paid for any upper-case string ("OOOOS ARE SOOOOL.") and taught letter loops that
-/// leaked into every domain and cost the RM score up to 0.33. The measurements are in
-/// `configs/tiny.toml` (the note above its rlhf stage).
-pub fn sample_rl(rng: &mut ChaCha8Rng) -> Task {
-    loop {
-        let task = sample(rng);
-        let caps = task.reference["instruction_id_list"]
-            .as_array()
-            .is_some_and(|ids| ids.iter().any(|id| id == Kind::Capital.id()));
-        if !caps {
             return task;
         }
     }
@@ -169,9 +151,6 @@ fn sample_any(rng: &mut ChaCha8Rng) -> Task {
     if has(Kind::Lowercase) {
         text = text.to_lowercase();
     }
-    if has(Kind::Capital) {
-        text = text.to_uppercase();
-    }
     if has(Kind::Quotation) {
         text = format!("\"{text}\"");
     }
@@ -187,7 +166,6 @@ fn sample_any(rng: &mut ChaCha8Rng) -> Task {
                 "all lowercase".into(),
                 json!({}),
             ),
-            Kind::Capital => ("Use only capitals.".into(), "all caps".into(), json!({})),
             Kind::NoComma => ("No commas.".into(), "no commas".into(), json!({})),
             Kind::Quotation => ("Wrap it in quotes.".into(), "in quotes".into(), json!({})),
             Kind::Title => ("Add a <<title>>.".into(), "title first".into(), json!({})),

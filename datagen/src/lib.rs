@@ -22,10 +22,12 @@
 //!   real verifiers of `cascade-rewards` (1.0), and a deliberately wrong answer (< 1). The
 //!   instruction-following generator also runs `cascade-rewards`' IFEval checks on each draw and
 //!   redraws a gold answer they reject (see [`instruct`]).
-//! * **Only what the model can learn in RL.** The if stage's RL prompts (`if.jsonl`) never ask
-//!   for capitals: this tokenizer writes upper-case words a letter at a time, and RL on that
-//!   constraint taught the model letter loops instead of capitals ([`instruct::sample_rl`]). The
-//!   SFT rows and the held-out prompts still ask for them.
+//! * **Only what the tiny model can learn.** No instruction-following prompt asks for capitals
+//!   (IFEval's `change_case:english_capital`): this tokenizer writes upper-case words a letter at
+//!   a time, RL on that constraint taught letter loops instead of capitals, and without it in RL
+//!   the if stage's lowercase training undid what SFT had taught (see [`instruct`]).
+//! * **No surface cue that contradicts another domain.** The reward model's chosen answers
+//!   include the short sentence that word-limit answers are (see [`chat::concise_answer`]).
 //!
 //! # Files
 //! `sft.jsonl`, `sft-mix.jsonl` (the SFT rows of the verifiable domains, for the RL stages'
@@ -66,7 +68,7 @@ pub use common::{Domain, Mode, Task, MAX_PROMPT_BYTES};
 use common::{draw_excluding, draw_unique, stream, Purpose};
 
 /// Bumped whenever the generated data changes for a given seed and sizes.
-pub const GENERATOR_VERSION: u32 = 9;
+pub const GENERATOR_VERSION: u32 = 10;
 
 /// Name of the manifest, written last.
 pub const MANIFEST: &str = "MANIFEST.json";
@@ -234,7 +236,7 @@ pub fn generate(seed: u64, sizes: &TinySizes) -> Result<TinyData, DatagenError> 
         let mut rng = stream(seed, d, Purpose::Heldout);
         let tasks = draw_unique(
             &mut rng,
-            |r| d.sample(r),
+            d,
             sizes.heldout_of(d),
             &none,
             &format!("{}-heldout", d.name()),
@@ -266,7 +268,7 @@ pub fn generate(seed: u64, sizes: &TinySizes) -> Result<TinyData, DatagenError> 
     let mut train = BTreeMap::new();
     for d in Domain::ALL {
         let mut rng = stream(seed, d, Purpose::Train);
-        let tasks = draw_unique(&mut rng, |r| d.sample_rl(r), sizes.rl, &exclude, d.name())?;
+        let tasks = draw_unique(&mut rng, d, sizes.rl, &exclude, d.name())?;
         train.insert(d, tasks);
     }
 

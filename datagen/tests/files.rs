@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 
+use cascade_datagen::common::count_words;
 use cascade_datagen::{generate, write_tiny, Domain, TinySizes, GENERATOR_VERSION, MANIFEST};
 use serde_json::Value;
 
@@ -250,11 +251,11 @@ fn sft_mix_is_the_sft_file_without_chat_rows() {
     assert_eq!(mix.len() + chat, sft.len());
 }
 
-/// The if stage's RL prompts never ask for capitals (issue 19: RL on that constraint taught the
-/// tiny model letter loops); the SFT rows and the held-out prompts still do, and the file holds
-/// as many prompts as asked.
+/// No instruction-following prompt asks for capitals, in SFT, RL or held-out (issue 19: the tiny
+/// tokenizer writes capitals a letter at a time; RL on them taught letter loops, and without them
+/// in RL the if stage undid what SFT taught), and every other kind still occurs.
 #[test]
-fn if_rl_prompts_ask_for_no_capitals_but_sft_and_heldout_do() {
+fn no_if_prompt_asks_for_capitals() {
     let sizes = TinySizes {
         sft: 400,
         rl: 120,
@@ -262,22 +263,75 @@ fn if_rl_prompts_ask_for_no_capitals_but_sft_and_heldout_do() {
         ..small()
     };
     let data = generate(5, &sizes).unwrap();
-    let caps = |t: &cascade_datagen::Task| {
-        t.reference["instruction_id_list"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|id| id == "change_case:english_capital")
-    };
-    let train = &data.train[&Domain::If];
-    assert_eq!(train.len(), 120);
-    assert!(!train.iter().any(caps), "an if RL prompt asks for capitals");
-    let heldout = data.heldout[&Domain::If].iter().filter(|t| caps(t)).count();
-    assert!(heldout > 0, "no held-out if prompt asks for capitals");
-    let sft = data
-        .sft
+    let tasks: Vec<&cascade_datagen::Task> = data.train[&Domain::If]
         .iter()
-        .filter(|r| r.task.domain == Domain::If && caps(&r.task))
-        .count();
-    assert!(sft > 0, "no SFT row asks for capitals");
+        .chain(&data.heldout[&Domain::If])
+        .chain(
+            data.sft
+                .iter()
+                .map(|r| &r.task)
+                .filter(|t| t.domain == Domain::If),
+        )
+        .collect();
+    assert_eq!(data.train[&Domain::If].len(), 120);
+    let mut kinds = std::collections::BTreeSet::new();
+    for t in &tasks {
+        for id in t.reference["instruction_id_list"].as_array().unwrap() {
+            kinds.insert(id.as_str().unwrap().to_string());
+        }
+        assert_eq!(
+            t.answer.to_lowercase() == t.answer,
+            t.prompt.contains("lowercase"),
+            "{t:?}"
+        );
+    }
+    assert!(!kinds.contains("change_case:english_capital"), "{kinds:?}");
+    assert_eq!(kinds.len(), 7, "{kinds:?}");
+}
+
+/// The reward model's pairs do not confound brevity with repetition (issue 19): the sentence a
+/// repeated-phrase rejected answer repeats ("Cats are soft.") is also the shape of chosen
+/// answers, so the RM learns that repeating it is bad, not that saying it once is. The if stage
+/// teaches exactly that sentence for word limits, and it reaches chat answers.
+#[test]
+fn repeated_phrase_rejections_repeat_a_sentence_that_chosen_answers_say_once() {
+    let data = generate(0, &TinySizes::default()).unwrap();
+    let chosen: HashSet<&str> = data.prefs.iter().map(|p| p.chosen.as_str()).collect();
+    let mut units = 0;
+    let mut found = 0;
+    for p in &data.prefs {
+        if p.flaw != cascade_datagen::Flaw::RepeatedPhrase {
+            continue;
+        }
+        let unit = &p.rejected[..=p.rejected.find('.').unwrap()];
+        assert!(p.rejected.len() > unit.len(), "{:?}", p.rejected);
+        units += 1;
+        found += usize::from(chosen.contains(unit));
+    }
+    assert!(units > 100, "{units} repeated-phrase pairs");
+    // Topics × first adjectives are few, so most repeated sentences are literally chosen too.
+    assert!(
+        found * 2 > units,
+        "{found} of {units} repeated sentences are never chosen"
+    );
+    // Every word-limit gold answer of the if domain has the length of some chosen chat answer.
+    let lengths: HashSet<usize> = chosen.iter().map(|c| count_words(c)).collect();
+    for t in data.train[&Domain::If]
+        .iter()
+        .chain(&data.heldout[&Domain::If])
+    {
+        let ids = t.reference["instruction_id_list"].as_array().unwrap();
+        if ids.iter().any(|id| id == "length_constraints:number_words")
+            && !ids
+                .iter()
+                .any(|id| id == "detectable_format:title" || id == "startend:end_checker")
+        {
+            let n = count_words(&t.answer);
+            assert!(
+                lengths.contains(&n),
+                "{:?}: {n} words, chosen lengths {lengths:?}",
+                t.answer
+            );
+        }
+    }
 }
