@@ -3,8 +3,9 @@
 //! exactly in IFEval's JSONL format.
 //!
 //! The unconstrained answer ("Cats are soft, calm and curious.") breaks every constraint used
-//! here (it has capitals and lowercase, a comma, no quotes, no title, none of the keywords, no
-//! end phrase, six words), so each constraint changes the gold answer in a way the prompt tells.
+//! here (it has capitals, a comma, no quotes, no title, none of the keywords, no end phrase, six
+//! words), so each constraint changes the gold answer in a way the prompt tells. No prompt asks
+//! for capitals (the note on `Kind` says why).
 //!
 //! **Self-check.** Every draw's gold answer is run through `cascade-rewards`' IFEval checks
 //! (strict mode) and redrawn unless it follows all its instructions. This matters for the case
