@@ -38,9 +38,9 @@ const TEMPLATES: [&str; 16] = [
 /// with a word limit (`instruct`) and the sentence that [`Flaw::RepeatedPhrase`] repeats. Why it
 /// is a chosen answer too (issue 19, generator version 10): without it the reward model saw that
 /// sentence only in rejected answers and learned "three words = bad" instead of "repeated =
-/// bad"; it scored "Tea is hot." about −3.4 against about +3 for "Tea is hot, calm and dark.",
-/// so the if stage, which teaches short answers for word limits, lowered the chat RM score by up
-/// to 0.39 when they leaked into chat answers.
+/// bad", so the if stage, which teaches short answers for word limits, lowered the chat RM score
+/// when they leaked into chat answers. The figures are in `configs/tiny.toml` (the note above
+/// its rlhf stage).
 pub fn concise_answer(rng: &mut ChaCha8Rng, topic: &Topic) -> String {
     let [a1, a2, a3] = topic.adjectives;
     let (s, v) = (topic.subject(), topic.verb());

@@ -49,11 +49,10 @@ const END_PHRASES: [&str; 4] = ["That is all.", "The end.", "Thank you.", "Bye f
 /// Not `change_case:english_capital` (generator version 10, issue 19). The tiny tokenizer,
 /// trained on this data, has merges for almost no upper-case word, so the model writes capitals
 /// a letter at a time. RL on "Use only capitals." did not teach capitals: it paid for any
-/// upper-case string ("OOOOS ARE SOOOOL.") and taught letter loops that leaked into chat answers
-/// and cost the RM score up to 0.33. With capitals in SFT and the held-out set but not in RL,
-/// the if stage's lowercase training undid them (held-out capitals prompts 0.56 → 0.25), which
-/// hid its gain on everything else (+0.016 overall, +0.085 without those prompts). The
-/// measurements are in `configs/tiny.toml` (the note above its rlhf stage).
+/// upper-case string ("OOOOS ARE SOOOOL.") and taught letter loops that leaked into chat
+/// answers. With capitals in SFT and the held-out set but not in RL, the if stage's lowercase
+/// training undid them and hid its gain on everything else. The measurements are in
+/// `configs/tiny.toml` (the note above its rlhf stage).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Lowercase,
