@@ -86,10 +86,6 @@ impl Kind {
             Kind::Words => "length_constraints:number_words",
         }
     }
-
-    fn compatible(self, other: Kind) -> bool {
-        self != other
-    }
 }
 
 /// Draws one instruction-following task (short prompt, gold answer that follows every
@@ -120,7 +116,7 @@ fn sample_any(rng: &mut ChaCha8Rng) -> Task {
     if rng.random_bool(0.5) {
         let second = loop {
             let k = *pick(rng, &KINDS);
-            if first.compatible(k) {
+            if k != first {
                 break k;
             }
         };

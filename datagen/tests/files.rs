@@ -1,7 +1,7 @@
 //! The written files: determinism, idempotence, atomic writes, formats, lengths and held-out
 //! disjointness.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::Path;
 
 use cascade_datagen::common::count_words;
@@ -274,7 +274,7 @@ fn no_if_prompt_asks_for_capitals() {
         )
         .collect();
     assert_eq!(data.train[&Domain::If].len(), 120);
-    let mut kinds = std::collections::BTreeSet::new();
+    let mut kinds = BTreeSet::new();
     for t in &tasks {
         for id in t.reference["instruction_id_list"].as_array().unwrap() {
             kinds.insert(id.as_str().unwrap().to_string());
@@ -312,7 +312,7 @@ fn repeated_phrase_rejections_repeat_a_sentence_that_chosen_answers_say_once() {
     // Topics × first adjectives are few, so most repeated sentences are literally chosen too.
     assert!(
         found * 2 > units,
-        "{found} of {units} repeated sentences are never chosen"
+        "only {found} of {units} repeated sentences are also chosen answers"
     );
     // Every word-limit gold answer of the if domain has the length of some chosen chat answer.
     let lengths: HashSet<usize> = chosen.iter().map(|c| count_words(c)).collect();
