@@ -673,6 +673,16 @@ fn on_policy_kill_and_resume_with(ranks: usize, victim: &str, extra: &[&str]) {
             .collect()
     };
     assert_eq!(losses(&a).len(), 8);
+    // Each step's batch was closed for the actors once decided (`cascade_shared::intake`): the
+    // marker left names the version the last step trained (its event has the version after).
+    let last_version = events(&a)
+        .iter()
+        .filter(|e| e["event"] == "learner_step")
+        .filter_map(|e| e["policy_version"].as_u64())
+        .max()
+        .unwrap();
+    let closed = std::fs::read_to_string(a.join("replay/closed")).unwrap();
+    assert_eq!(closed.trim(), (last_version - 1).to_string());
     assert_eq!(losses(&a), losses(&b), "per-step losses");
     // The first stage's best responses, replayed by the second: the same lines.
     let best = |dir: &Path| std::fs::read(dir.join("best/stage-0.jsonl")).unwrap();

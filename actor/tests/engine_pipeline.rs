@@ -417,6 +417,115 @@ group_size = 2
     assert!(old.iter().all(|p| both.contains(p) && !first.contains(p)));
 }
 
+/// Strictly on-policy, an actor whose version's batch the learner has closed
+/// (`cascade_shared::intake`) writes nothing: it goes on when the learner reopens the version
+/// (a skipped step, a restarted learner) and when the next version's snapshot is out, and it
+/// counts its holds.
+#[test]
+fn on_policy_actor_holds_while_the_learner_has_closed_its_versions_batch() {
+    use cascade_shared::intake;
+    use cascade_shared::snapshot::LearnerState;
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path();
+    let data: String = (0..200)
+        .map(|i| math_line(100 + i, &format!("What is {i}+1?"), i + 1))
+        .collect();
+    let config = math_run(
+        base,
+        &data,
+        r#"
+[actor]
+gen_batch = 4
+max_new_tokens = 4
+reward_workers = 1
+seed = 5
+[learner]
+max_staleness = 0
+[[stages]]
+name = "math"
+kind = "math"
+dataset = "math.jsonl"
+steps = 10
+lr = 1e-4
+batch_prompts = 2
+group_size = 2
+"#,
+    );
+    let run_dir = base.join("run");
+    let snapshots = run_dir.join("snapshots");
+    let replay = run_dir.join("replay");
+    let at = |version: u64, stage_step: u64| {
+        let mut s = LearnerState::initial(serde_json::json!({}));
+        s.step = version;
+        s.policy_version = version;
+        s.stage_step = stage_step;
+        s
+    };
+    let cfg = common::tiny_config(128);
+    common::publish_tiny_with(&snapshots, &cfg, 11, &at(1, 0));
+    intake::close(&replay, 1).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let actor = {
+        let opts = ActorOptions {
+            run_dir: run_dir.clone(),
+            actor_id: 0,
+            device: Device::Cpu,
+            config,
+            overrides: RolloutOverrides::default(),
+            max_groups: None,
+        };
+        let stop = stop.clone();
+        std::thread::spawn(move || run_actor_with(opts, stop))
+    };
+    let mut source = ReplaySource::open(&replay, ReaderOptions::default(), None).unwrap();
+    // Receives for `quiet` after the last group (or the first wait), at most two minutes.
+    let mut receive = |quiet: Duration, until: &dyn Fn(&[RolloutGroup]) -> bool| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        let mut got: Vec<RolloutGroup> = Vec::new();
+        let mut last = std::time::Instant::now();
+        while std::time::Instant::now() < deadline && !until(&got) && last.elapsed() < quiet {
+            let batch = source.recv(Duration::from_millis(20)).unwrap();
+            if !batch.is_empty() {
+                last = std::time::Instant::now();
+            }
+            got.extend(batch.into_iter().map(|r| r.group));
+        }
+        got
+    };
+    let never = |_: &[RolloutGroup]| false;
+    let at_least = |n: usize| move |g: &[RolloutGroup]| g.len() >= n;
+    // Closed from the start: nothing.
+    let got = receive(Duration::from_millis(1500), &never);
+    assert!(got.is_empty(), "{} groups of a closed version", got.len());
+    // Reopened (the learner waits for more of version 1): version 1's prompts.
+    assert!(intake::reopen(&replay, 1).unwrap());
+    let got = receive(Duration::from_secs(120), &at_least(3));
+    assert!(got.len() >= 3, "{} groups after the reopen", got.len());
+    assert!(got.iter().all(|g| g.min_policy_version() == 1));
+    // Closed again: the groups already in the reward pool arrive, then nothing.
+    intake::close(&replay, 1).unwrap();
+    let _in_flight = receive(Duration::from_millis(1000), &never);
+    let got = receive(Duration::from_millis(1500), &never);
+    assert!(got.is_empty(), "{} groups after the close", got.len());
+    // Version 2 is out: its prompts, although the marker still names version 1.
+    common::publish_tiny_with(&snapshots, &cfg, 12, &at(2, 1));
+    let got = receive(Duration::from_secs(120), &at_least(2));
+    assert!(got.len() >= 2, "{} groups of version 2", got.len());
+    assert!(got.iter().all(|g| g.min_policy_version() == 2));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let summary = actor.join().unwrap().unwrap();
+    assert_eq!(summary.holds, 2, "{summary:?}");
+    assert!(summary.held_s > 0.0);
+    // The totals at exit are in the metrics.
+    let last = std::fs::read_to_string(run_dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .rfind(|e| e["event"] == "actor")
+        .expect("an actor event");
+    assert_eq!(last["held"], 2, "{last}");
+}
+
 /// One line of a math dataset.
 fn math_line(id: u64, prompt: &str, answer: u64) -> String {
     format!(

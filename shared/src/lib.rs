@@ -12,6 +12,7 @@ pub mod collective;
 pub mod config;
 pub mod data;
 pub mod device;
+pub mod intake;
 pub mod metrics;
 pub mod model;
 #[cfg(feature = "nccl")]

@@ -105,5 +105,11 @@ pub fn run(args: ActorArgs) -> anyhow::Result<i32> {
         summary.snapshots_loaded,
         summary.snapshots_refused
     );
+    if summary.holds > 0 {
+        eprintln!(
+            "actor: held {} times ({:.1} s) while the learner trained on a decided on-policy batch",
+            summary.holds, summary.held_s
+        );
+    }
     Ok(0)
 }

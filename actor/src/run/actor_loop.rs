@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cascade_replay::WriterOptions;
+use cascade_shared::intake;
 use cascade_shared::metrics::{MetricsLog, METRICS_FILE};
 use cascade_shared::transport::{ReplaySink, RolloutSink};
 
@@ -20,6 +21,9 @@ use crate::engine::{Engine, GenParams, Job};
 use crate::error::{ActorError, Result};
 use crate::rewards::{Detokenize, GroupContext, PipelineStats, RewardPipeline, ScoreTask};
 use crate::snapshot_watch::SnapshotWatch;
+
+/// How often a holding on-policy actor looks for the next snapshot or a reopened batch.
+const HOLD_POLL: Duration = Duration::from_millis(2);
 
 /// Runs an actor until SIGTERM/SIGINT (or `max_groups`), then finishes the groups in flight,
 /// flushes the replay log and returns.
@@ -130,6 +134,9 @@ pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSu
     let mut submitted = 0u64;
     let mut loaded = 0u64;
     let mut last_report = (Instant::now(), 0u64);
+    let replay_dir = opts.run_dir.join("replay");
+    // On-policy holds ([`intake`]): how many, since when, seconds spent in finished ones.
+    let (mut holds, mut held_since, mut held_s) = (0u64, None::<Instant>, 0.0f64);
     let result = (|| -> Result<()> {
         loop {
             let stopping =
@@ -182,8 +189,31 @@ pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSu
                     }
                 }
             }
+            // Strictly on-policy: once the learner has decided this version's batch, every
+            // further group of it would be dropped as stale. Stop the rows, wait for the next
+            // snapshot (or for the learner to reopen the version: a skipped step, a restart).
+            let hold = stage.on_policy && intake::stops(&replay_dir, engine.version());
+            match (hold, held_since) {
+                (true, None) => {
+                    for f in engine.reset() {
+                        contexts.remove(&f.job.tag);
+                    }
+                    contexts.clear();
+                    held_since = Some(Instant::now());
+                    holds += 1;
+                }
+                (false, Some(t)) => {
+                    held_s += t.elapsed().as_secs_f64();
+                    held_since = None;
+                }
+                _ => {}
+            }
             // Keep one batch worth of samples queued.
-            while !stopping && !stop.load(Ordering::Relaxed) && engine.queued() < engine.slots() {
+            while !hold
+                && !stopping
+                && !stop.load(Ordering::Relaxed)
+                && engine.queued() < engine.slots()
+            {
                 if opts.max_groups.is_some_and(|m| submitted >= m) {
                     break;
                 }
@@ -224,21 +254,21 @@ pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSu
                 }
             }
             if last_report.0.elapsed() >= Duration::from_secs(2) {
-                let tokens = engine.stats().tokens;
-                metrics.record(&cascade_shared::metrics::ActorEvent {
-                    actor: Some(opts.actor_id.into()),
-                    stage: Some(stage.config.name.clone()),
-                    policy_version: Some(engine.version()),
-                    groups: Some(submitted),
-                    tokens: Some(tokens),
-                    tokens_per_s: Some(
-                        (tokens - last_report.1) as f64
-                            / last_report.0.elapsed().as_secs_f64().max(1e-9),
-                    ),
-                    peak_rss_mb: cascade_shared::metrics::peak_rss_mb(),
-                    peak_heap_mb: cascade_shared::metrics::heap_peak_mb(),
-                });
-                last_report = (Instant::now(), tokens);
+                let held = held_s + held_since.map_or(0.0, |t| t.elapsed().as_secs_f64());
+                let event = actor_event(
+                    &opts,
+                    &stage,
+                    &engine,
+                    submitted,
+                    last_report,
+                    (holds, held),
+                );
+                metrics.record(&event);
+                last_report = (Instant::now(), engine.stats().tokens);
+            }
+            if hold {
+                std::thread::sleep(HOLD_POLL);
+                continue;
             }
             if engine.is_idle() {
                 continue;
@@ -257,6 +287,16 @@ pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSu
     })();
     let stats = pipeline.finish();
     let es = engine.stats();
+    let held_s = held_s + held_since.map_or(0.0, |t| t.elapsed().as_secs_f64());
+    // The totals at exit (the last periodic report may be up to 2 s old).
+    metrics.record(&actor_event(
+        &opts,
+        &stage,
+        &engine,
+        submitted,
+        last_report,
+        (holds, held_s),
+    ));
     let elapsed = started.elapsed().as_secs_f64();
     result?;
     let pipeline = match stats {
@@ -273,7 +313,36 @@ pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSu
         skipped_prompts: es.skipped_prompts,
         snapshots_loaded: loaded,
         snapshots_refused: watch.refused(),
+        holds,
+        held_s,
         tokens_per_s: es.tokens as f64 / elapsed.max(1e-9),
         pipeline,
     })
+}
+
+/// The actor's periodic report: progress, throughput since `since` (instant, tokens then), and
+/// on-policy holds (count, seconds).
+fn actor_event(
+    opts: &ActorOptions,
+    stage: &Stage,
+    engine: &Engine,
+    submitted: u64,
+    since: (Instant, u64),
+    (holds, held_s): (u64, f64),
+) -> cascade_shared::metrics::ActorEvent {
+    let tokens = engine.stats().tokens;
+    cascade_shared::metrics::ActorEvent {
+        actor: Some(opts.actor_id.into()),
+        stage: Some(stage.config.name.clone()),
+        policy_version: Some(engine.version()),
+        groups: Some(submitted),
+        tokens: Some(tokens),
+        tokens_per_s: Some(
+            tokens.saturating_sub(since.1) as f64 / since.0.elapsed().as_secs_f64().max(1e-9),
+        ),
+        peak_rss_mb: cascade_shared::metrics::peak_rss_mb(),
+        peak_heap_mb: cascade_shared::metrics::heap_peak_mb(),
+        held: stage.on_policy.then_some(holds),
+        held_s: stage.on_policy.then_some(held_s),
+    }
 }

@@ -53,6 +53,11 @@ pub struct RunSummary {
     pub snapshots_loaded: u64,
     /// Snapshots refused.
     pub snapshots_refused: u64,
+    /// Strictly on-policy: times the actor stopped because the learner had decided its
+    /// version's batch ([`cascade_shared::intake`]), and the seconds it waited.
+    pub holds: u64,
+    /// Seconds spent in those holds.
+    pub held_s: f64,
     /// Decode throughput, generated tokens per second of the run.
     pub tokens_per_s: f64,
     /// Reward pipeline counters.

@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use cascade_shared::config::StageConfig;
+use cascade_shared::intake;
 use cascade_shared::metrics::{LearnerStep, ModeStats, StepMemory};
 use cascade_shared::model::CausalLm;
 use cascade_shared::outcomes::PromptTracker;
@@ -17,7 +18,7 @@ use super::intake::StepBatch;
 use super::settings::{filter_config, grpo_config, lr_schedule};
 use super::Learner;
 use crate::batch::GrpoBatch;
-use crate::error::Result;
+use crate::error::{LearnerError, Result};
 use crate::filter::GroupFilter;
 use crate::optim::StepOutcome;
 use crate::sft::{accumulate_sft_gradients_part, sft_part};
@@ -73,12 +74,13 @@ impl<S: RolloutSource> Learner<'_, S> {
         if record_best {
             best::truncate_after(&self.opts.run_dir, index, self.state.step)?;
         }
+        let on_policy = stage.max_staleness_or(config.learner.max_staleness) == 0;
         while (self.state.stage_step as usize) < stage.steps {
             let t0 = Instant::now();
             let memory = StepMemory::start_on(&self.opts.device);
             let version = self.state.policy_version;
             let before = filter.metrics().clone();
-            let Some(step) = self.next_step(&mut filter, &mut tracker, stage)? else {
+            let Some(step) = self.next_step(&mut filter, &mut tracker, stage, on_policy)? else {
                 self.state.filter_metrics = filter.metrics().clone();
                 self.state.prompt_tracker = Some(tracker.state());
                 return Ok(false);
@@ -245,13 +247,25 @@ impl<S: RolloutSource> Learner<'_, S> {
 impl<S: RolloutSource> Learner<'_, S> {
     /// The groups of the next step: rank 0 fills the batch and tells the other ranks; they
     /// wait for it (through rank 0's heartbeats). `None`: stop.
+    /// Strictly on-policy (`on_policy`), rank 0 tells the actors when the batch is decided
+    /// ([`intake`]): every later group of this version would be dropped as stale.
     fn next_step(
         &mut self,
         filter: &mut GroupFilter,
         tracker: &mut PromptTracker,
         stage: &StageConfig,
+        on_policy: bool,
     ) -> Result<Option<StepBatch>> {
         if self.leads() {
+            let replay = self.opts.run_dir.join("replay");
+            let version = self.state.policy_version;
+            let io = |e: std::io::Error| LearnerError::Io {
+                path: replay.join(intake::CLOSED_FILE),
+                source: e,
+            };
+            // A marker closing this version (a resumed learner, a skipped step) would keep the
+            // actors from generating the groups this step waits for.
+            intake::reopen(&replay, version).map_err(io)?;
             // Checked here too, not only when the queue runs dry: a backlog of queued groups
             // must not delay a stop (SIGTERM, max_steps); undecided groups stay in the log.
             let step = if self.stopping() {
@@ -259,6 +273,9 @@ impl<S: RolloutSource> Learner<'_, S> {
             } else {
                 self.fill_batch(filter, tracker, stage.batch_prompts, &stage.name)?
             };
+            if on_policy && step.is_some() {
+                intake::close(&replay, version).map_err(io)?;
+            }
             if self.group.world_size() == 1 {
                 return Ok(step);
             }
@@ -288,7 +305,7 @@ impl<S: RolloutSource> Learner<'_, S> {
                     }))
                 }
                 Command::Go => {
-                    return Err(crate::error::LearnerError::State(format!(
+                    return Err(LearnerError::State(format!(
                         "rank {}: an SFT step command in an RL stage",
                         self.group.rank()
                     )))

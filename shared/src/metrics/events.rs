@@ -397,6 +397,13 @@ pub struct ActorEvent {
     /// Peak bytes its heap has held so far, MiB ([`super::CountingAlloc`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peak_heap_mb: Option<f64>,
+    /// Strictly on-policy: times so far the actor stopped because the learner had decided the
+    /// batch of its weights' version ([`crate::intake`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held: Option<u64>,
+    /// Seconds so far spent waiting in those holds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held_s: Option<f64>,
 }
 
 /// Scores of one mode in an [`Eval`] (`by_mode.think`, `by_mode.no_think`).

@@ -1,0 +1,103 @@
+//! The learner's "batch full" signal to strictly on-policy actors.
+//!
+//! Strictly on-policy (staleness bound 0), the learner trains version `v`'s step on the first
+//! groups of version `v` it admits; every group of `v` that reaches it later is dropped as
+//! stale, because by then it trains `v + 1`. Without a signal the actors go on generating (and
+//! scoring: sandboxed code runs, reward-model passes) `v`'s prompts for the whole of the
+//! learner's step and its publication. The tiny default's on-policy run generated 3 006 such
+//! groups against 2 688 trained (configs/tiny.toml), and on a shared machine the work
+//! competed with the step itself.
+//!
+//! Rank 0 of the learner writes `RUN_DIR/replay/closed` (the version, as text) once a step's
+//! batch is decided; an on-policy actor whose weights are that version or older stops its rows
+//! and waits for the next snapshot. Before it waits for the groups of a version, the learner
+//! removes a marker that would stop them (a resumed learner, a skipped step, a crash between
+//! the two). The file is advisory: a missing or unreadable marker only means the actors keep
+//! generating groups the learner drops, as they did before it existed.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// Name of the marker in the replay root.
+pub const CLOSED_FILE: &str = "closed";
+
+fn path(replay_dir: &Path) -> PathBuf {
+    replay_dir.join(CLOSED_FILE)
+}
+
+/// The version whose batch the learner has closed, if the marker is up (`None` when absent or
+/// not a number).
+pub fn closed(replay_dir: &Path) -> Option<u64> {
+    std::fs::read_to_string(path(replay_dir))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Says that the batch of `version` is decided: the learner needs no more of its groups.
+/// Written atomically (a temporary file renamed into place).
+pub fn close(replay_dir: &Path, version: u64) -> io::Result<()> {
+    std::fs::create_dir_all(replay_dir)?;
+    let tmp = replay_dir.join(format!(".{CLOSED_FILE}.{}.tmp", std::process::id()));
+    std::fs::write(&tmp, format!("{version}\n"))?;
+    std::fs::rename(&tmp, path(replay_dir))
+}
+
+/// Before waiting for groups of `version`: removes a marker that closes it (one of `version`
+/// or later). Returns whether one was removed.
+pub fn reopen(replay_dir: &Path, version: u64) -> io::Result<bool> {
+    let p = path(replay_dir);
+    let unreadable = p.exists() && closed(replay_dir).is_none();
+    if !unreadable && closed(replay_dir).is_none_or(|c| c < version) {
+        return Ok(false);
+    }
+    match std::fs::remove_file(&p) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether an on-policy actor running weights of `version` should stop generating: the marker
+/// closes that version (or a later one).
+pub fn stops(replay_dir: &Path, version: u64) -> bool {
+    closed(replay_dir).is_some_and(|c| c >= version)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn close_stops_that_version_and_older_and_reopen_clears_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let replay = dir.path().join("replay");
+        assert_eq!(closed(&replay), None);
+        assert!(!stops(&replay, 0));
+        close(&replay, 7).unwrap();
+        assert_eq!(closed(&replay), Some(7));
+        assert!(stops(&replay, 7) && stops(&replay, 6));
+        assert!(!stops(&replay, 8), "the next version's groups are wanted");
+        // Waiting for version 8's groups: a marker of 7 stops nobody who matters, it stays.
+        assert!(!reopen(&replay, 8).unwrap());
+        assert_eq!(closed(&replay), Some(7));
+        // A resumed learner waiting for version 5's groups again: the marker goes.
+        assert!(reopen(&replay, 5).unwrap());
+        assert_eq!(closed(&replay), None);
+        assert!(!reopen(&replay, 5).unwrap());
+        // No temporary file is left behind.
+        let left: Vec<_> = std::fs::read_dir(&replay).unwrap().collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+
+    #[test]
+    fn an_unreadable_marker_stops_nobody_and_is_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(CLOSED_FILE), "not a version").unwrap();
+        assert_eq!(closed(dir.path()), None);
+        assert!(!stops(dir.path(), 0));
+        assert!(reopen(dir.path(), 3).unwrap());
+        assert!(!dir.path().join(CLOSED_FILE).exists());
+    }
+}
