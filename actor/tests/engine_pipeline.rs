@@ -418,9 +418,9 @@ group_size = 2
 }
 
 /// Strictly on-policy, an actor whose version's batch the learner has closed
-/// (`cascade_shared::intake`) writes nothing: it goes on when the learner reopens the version
-/// (a skipped step, a restarted learner) and when the next version's snapshot is out, and it
-/// counts its holds.
+/// (`cascade_shared::intake`) writes nothing. It goes on when the learner reopens the version
+/// (a skipped step, a restarted learner), writing exactly what an actor that never paused
+/// writes, and with the next version's prompts once that snapshot is out; it counts its holds.
 #[test]
 fn on_policy_actor_holds_while_the_learner_has_closed_its_versions_batch() {
     use cascade_shared::intake;
@@ -462,6 +462,18 @@ group_size = 2
         s
     };
     let cfg = common::tiny_config(128);
+    // What an actor that never pauses writes first.
+    let reference_dir = base.join("reference");
+    common::publish_tiny_with(&reference_dir.join("snapshots"), &cfg, 11, &at(1, 0));
+    // (Many more than 12 groups, so that the rows of the first 12 are decoded in the same
+    // batches as in a run that goes on.)
+    let (_, reference) = run_and_read(&reference_dir, config.clone(), 0, 40);
+    let key = |g: &RolloutGroup| {
+        let responses: Vec<Vec<u32>> = g.samples.iter().map(|s| s.response_ids.clone()).collect();
+        (g.prompt_id, responses)
+    };
+    let reference: Vec<_> = reference.iter().take(12).map(|(_, g)| key(g)).collect();
+    assert_eq!(reference.len(), 12);
     common::publish_tiny_with(&snapshots, &cfg, 11, &at(1, 0));
     intake::close(&replay, 1).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
@@ -502,11 +514,24 @@ group_size = 2
     let got = receive(Duration::from_secs(120), &at_least(3));
     assert!(got.len() >= 3, "{} groups after the reopen", got.len());
     assert!(got.iter().all(|g| g.min_policy_version() == 1));
+    let mut written = got;
     // Closed again: the groups already in the reward pool arrive, then nothing.
     intake::close(&replay, 1).unwrap();
-    let _in_flight = receive(Duration::from_millis(1000), &never);
+    written.extend(receive(Duration::from_millis(1000), &never));
     let got = receive(Duration::from_millis(1500), &never);
     assert!(got.is_empty(), "{} groups after the close", got.len());
+    // Reopened once more: the actor goes on where it paused.
+    assert!(intake::reopen(&replay, 1).unwrap());
+    let more = 12usize.saturating_sub(written.len());
+    written.extend(receive(Duration::from_secs(120), &at_least(more)));
+    let written: Vec<_> = written.iter().map(key).collect();
+    assert!(written.len() >= 12, "{} groups of version 1", written.len());
+    assert!(
+        written[..12] == reference[..],
+        "the paused actor wrote other groups than one that never paused"
+    );
+    intake::close(&replay, 1).unwrap();
+    let _in_flight = receive(Duration::from_millis(1000), &never);
     // Version 2 is out: its prompts, although the marker still names version 1.
     common::publish_tiny_with(&snapshots, &cfg, 12, &at(2, 1));
     let got = receive(Duration::from_secs(120), &at_least(2));
@@ -514,7 +539,7 @@ group_size = 2
     assert!(got.iter().all(|g| g.min_policy_version() == 2));
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let summary = actor.join().unwrap().unwrap();
-    assert_eq!(summary.holds, 2, "{summary:?}");
+    assert_eq!(summary.holds, 3, "{summary:?}");
     assert!(summary.held_s > 0.0);
     // The totals at exit are in the metrics.
     let last = std::fs::read_to_string(run_dir.join("metrics.jsonl"))
@@ -523,7 +548,7 @@ group_size = 2
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .rfind(|e| e["event"] == "actor")
         .expect("an actor event");
-    assert_eq!(last["held"], 2, "{last}");
+    assert_eq!(last["held"], 3, "{last}");
 }
 
 /// One line of a math dataset.

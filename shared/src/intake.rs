@@ -9,8 +9,8 @@
 //! competed with the step itself.
 //!
 //! Rank 0 of the learner writes `RUN_DIR/replay/closed` (the version, as text) once a step's
-//! batch is decided; an on-policy actor whose weights are that version or older stops its rows
-//! and waits for the next snapshot. Before it waits for the groups of a version, the learner
+//! batch is decided; an on-policy actor whose weights are that version or older pauses (no
+//! decode step, no new prompt) until the next snapshot. Before it waits for the groups of a version, the learner
 //! removes a marker that would stop them (a resumed learner, a skipped step, a crash between
 //! the two). The file is advisory: a missing or unreadable marker only means the actors keep
 //! generating groups the learner drops, as they did before it existed.

@@ -190,15 +190,13 @@ pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSu
                 }
             }
             // Strictly on-policy: once the learner has decided this version's batch, every
-            // further group of it would be dropped as stale. Stop the rows, wait for the next
-            // snapshot (or for the learner to reopen the version: a skipped step, a restart).
+            // further group of it would be dropped as stale. Pause (no decode step, no new
+            // prompt) until the next snapshot, whose reload resets the rows, or until the
+            // learner reopens the version (a skipped step, a resumed learner): the rows then go
+            // on untouched, so what is written is what an actor that never paused writes.
             let hold = stage.on_policy && intake::stops(&replay_dir, engine.version());
             match (hold, held_since) {
                 (true, None) => {
-                    for f in engine.reset() {
-                        contexts.remove(&f.job.tag);
-                    }
-                    contexts.clear();
                     held_since = Some(Instant::now());
                     holds += 1;
                 }
