@@ -238,6 +238,16 @@ fn a_short_cascade_runs_every_stage_and_writes_snapshots_metrics_and_report() {
     // Every RL step trained on groups of its own stage, produced by the actor.
     let rl_steps = ev.iter().filter(|e| e["event"] == "learner_step").count();
     assert_eq!(rl_steps, 10);
+    // With a staleness bound the learner closes a version only after a stage's last batch: the
+    // marker left names the version the last stage's last step trained.
+    let last_version = ev
+        .iter()
+        .filter(|e| e["event"] == "learner_step")
+        .filter_map(|e| e["policy_version"].as_u64())
+        .max()
+        .unwrap();
+    let closed = std::fs::read_to_string(run_dir.join("replay/closed")).unwrap();
+    assert_eq!(closed.trim(), (last_version - 1).to_string());
     // Every learner step (SFT and RL) logs its peak host memory next to its tokens: the RSS,
     // and the heap's peak (the counting allocator), which the weights alone exceed and the RSS
     // holds.

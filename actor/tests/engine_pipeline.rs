@@ -551,6 +551,99 @@ group_size = 2
     assert_eq!(last["held"], 3, "{last}");
 }
 
+/// With a staleness bound, the learner closes a version only after a stage's last batch: the
+/// actor pauses the same way (nothing written) and goes on with the next snapshot.
+#[test]
+fn an_asynchronous_actor_holds_while_its_version_is_closed_too() {
+    use cascade_shared::intake;
+    use cascade_shared::snapshot::LearnerState;
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path();
+    let data: String = (0..50)
+        .map(|i| math_line(100 + i, &format!("What is {i}+2?"), i + 2))
+        .collect();
+    let config = math_run(
+        base,
+        &data,
+        r#"
+[actor]
+gen_batch = 4
+max_new_tokens = 4
+reward_workers = 1
+seed = 5
+[learner]
+max_staleness = 2
+[[stages]]
+name = "math"
+kind = "math"
+dataset = "math.jsonl"
+steps = 10
+lr = 1e-4
+batch_prompts = 2
+group_size = 2
+"#,
+    );
+    let run_dir = base.join("run");
+    let snapshots = run_dir.join("snapshots");
+    let replay = run_dir.join("replay");
+    let at = |version: u64| {
+        let mut s = LearnerState::initial(serde_json::json!({}));
+        s.step = version;
+        s.policy_version = version;
+        s.stage_step = version;
+        s
+    };
+    let cfg = common::tiny_config(128);
+    common::publish_tiny_with(&snapshots, &cfg, 11, &at(4));
+    intake::close(&replay, 4).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let opts = ActorOptions {
+        run_dir: run_dir.clone(),
+        actor_id: 0,
+        device: Device::Cpu,
+        config,
+        overrides: RolloutOverrides::default(),
+        max_groups: None,
+    };
+    let actor = {
+        let stop = stop.clone();
+        std::thread::spawn(move || run_actor_with(opts, stop))
+    };
+    let mut source = ReplaySource::open(&replay, ReaderOptions::default(), None).unwrap();
+    let mut got: Vec<RolloutGroup> = Vec::new();
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < Duration::from_millis(1500) {
+        got.extend(
+            source
+                .recv(Duration::from_millis(20))
+                .unwrap()
+                .into_iter()
+                .map(|r| r.group),
+        );
+    }
+    assert!(got.is_empty(), "{} groups of a closed version", got.len());
+    common::publish_tiny_with(&snapshots, &cfg, 12, &at(5));
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while got.len() < 2 && std::time::Instant::now() < deadline {
+        got.extend(
+            source
+                .recv(Duration::from_millis(20))
+                .unwrap()
+                .into_iter()
+                .map(|r| r.group),
+        );
+    }
+    assert!(
+        got.len() >= 2,
+        "{} groups after the next snapshot",
+        got.len()
+    );
+    assert!(got.iter().all(|g| g.min_policy_version() == 5));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let summary = actor.join().unwrap().unwrap();
+    assert_eq!(summary.holds, 1, "{summary:?}");
+}
+
 /// One line of a math dataset.
 fn math_line(id: u64, prompt: &str, answer: u64) -> String {
     format!(

@@ -1,4 +1,4 @@
-//! The learner's "batch full" signal to strictly on-policy actors.
+//! The learner's "batch full" signal to the actors.
 //!
 //! Strictly on-policy (staleness bound 0), the learner trains version `v`'s step on the first
 //! groups of version `v` it admits; every group of `v` that reaches it later is dropped as
@@ -8,12 +8,15 @@
 //! groups against 2 688 trained (configs/tiny.toml), and on a shared machine the work
 //! competed with the step itself.
 //!
-//! Rank 0 of the learner writes `RUN_DIR/replay/closed` (the version, as text) once a step's
-//! batch is decided; an on-policy actor whose weights are that version or older pauses (no
-//! decode step, no new prompt) until the next snapshot. Before it waits for the groups of a version, the learner
-//! removes a marker that would stop them (a resumed learner, a skipped step, a crash between
-//! the two). The file is advisory: a missing or unreadable marker only means the actors keep
-//! generating groups the learner drops, as they did before it existed.
+//! Rank 0 of the learner writes `RUN_DIR/replay/closed` (the version, as text) once a batch
+//! is decided after which it wants no group of that version or an older one: strictly
+//! on-policy every step's, in any mode a stage's last (the groups of a finished stage are
+//! dropped as another stage's; the tiny default's async runs dropped about 110 a run). An actor
+//! whose weights are that version or older pauses (no decode step, no new prompt) until the
+//! next snapshot. Before it waits for the groups of a version, the learner removes a marker
+//! that would stop them (a resumed learner, a skipped step, a crash between the two). The file
+//! is advisory: a missing or unreadable marker only means the actors keep generating groups the
+//! learner drops, as they did before it existed.
 
 use std::io;
 use std::path::{Path, PathBuf};

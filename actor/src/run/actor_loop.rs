@@ -135,7 +135,7 @@ pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSu
     let mut loaded = 0u64;
     let mut last_report = (Instant::now(), 0u64);
     let replay_dir = opts.run_dir.join("replay");
-    // On-policy holds ([`intake`]): how many, since when, seconds spent in finished ones.
+    // Holds ([`intake`]): how many, since when, seconds spent in finished ones.
     let (mut holds, mut held_since, mut held_s) = (0u64, None::<Instant>, 0.0f64);
     let result = (|| -> Result<()> {
         loop {
@@ -156,7 +156,8 @@ pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSu
                         } else {
                             0
                         };
-                        if i != stage.index {
+                        let switched = i != stage.index;
+                        if switched {
                             stage = Stage::open(&opts, i, new_step, seed, &stop)?;
                         } else if new_step != stage_step {
                             stage.params.max_new_tokens =
@@ -170,13 +171,16 @@ pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSu
                         stage_step = new_step;
                         stage_index = i;
                         stage.set_tracker(&w.state, &opts.config.outcomes);
-                        if stage.on_policy {
-                            // Rollouts of the old version would be dropped as stale: stop them
-                            // and start the new version's prompts.
+                        if stage.on_policy || switched {
+                            // Rollouts of the old version (strictly on-policy) or of the old
+                            // stage would be dropped as stale or as another stage's: stop them.
                             for f in engine.reset() {
                                 contexts.remove(&f.job.tag);
                             }
                             contexts.clear();
+                        }
+                        if stage.on_policy {
+                            // And start the new version's prompts.
                             stage.restart_for(Some(&w.state));
                         }
                     }
@@ -189,12 +193,13 @@ pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSu
                     }
                 }
             }
-            // Strictly on-policy: once the learner has decided this version's batch, every
-            // further group of it would be dropped as stale. Pause (no decode step, no new
-            // prompt) until the next snapshot, whose reload resets the rows, or until the
-            // learner reopens the version (a skipped step, a resumed learner): the rows then go
-            // on untouched, so what is written is what an actor that never paused writes.
-            let hold = stage.on_policy && intake::stops(&replay_dir, engine.version());
+            // Once the learner has decided a batch after which it wants no group of this
+            // version (strictly on-policy: every step's; in any mode: a stage's last), every
+            // further group would be dropped. Pause (no decode step, no new prompt) until the
+            // next snapshot, whose reload resets the rows, or until the learner reopens the
+            // version (a skipped step, a resumed learner): the rows then go on untouched, so
+            // what is written is what an actor that never paused writes.
+            let hold = intake::stops(&replay_dir, engine.version());
             match (hold, held_since) {
                 (true, None) => {
                     held_since = Some(Instant::now());
@@ -319,7 +324,7 @@ pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSu
 }
 
 /// The actor's periodic report: progress, throughput since `since` (instant, tokens then), and
-/// on-policy holds (count, seconds).
+/// holds (count, seconds).
 fn actor_event(
     opts: &ActorOptions,
     stage: &Stage,
@@ -340,7 +345,7 @@ fn actor_event(
         ),
         peak_rss_mb: cascade_shared::metrics::peak_rss_mb(),
         peak_heap_mb: cascade_shared::metrics::heap_peak_mb(),
-        held: stage.on_policy.then_some(holds),
-        held_s: stage.on_policy.then_some(held_s),
+        held: Some(holds),
+        held_s: Some(held_s),
     }
 }

@@ -53,8 +53,9 @@ pub struct RunSummary {
     pub snapshots_loaded: u64,
     /// Snapshots refused.
     pub snapshots_refused: u64,
-    /// Strictly on-policy: times the actor stopped because the learner had decided its
-    /// version's batch ([`cascade_shared::intake`]), and the seconds it waited.
+    /// Times the actor paused because the learner wanted no more groups of its weights'
+    /// version ([`cascade_shared::intake`]: strictly on-policy after every step, in any mode
+    /// at a stage's end).
     pub holds: u64,
     /// Seconds spent in those holds.
     pub held_s: f64,

@@ -80,7 +80,10 @@ impl<S: RolloutSource> Learner<'_, S> {
             let memory = StepMemory::start_on(&self.opts.device);
             let version = self.state.policy_version;
             let before = filter.metrics().clone();
-            let Some(step) = self.next_step(&mut filter, &mut tracker, stage, on_policy)? else {
+            // Once this batch is decided, no group of this version or older will be trained on:
+            // strictly on-policy after every step, and in any mode after the stage's last.
+            let close = on_policy || self.state.stage_step as usize + 1 == stage.steps;
+            let Some(step) = self.next_step(&mut filter, &mut tracker, stage, close)? else {
                 self.state.filter_metrics = filter.metrics().clone();
                 self.state.prompt_tracker = Some(tracker.state());
                 return Ok(false);
@@ -247,14 +250,14 @@ impl<S: RolloutSource> Learner<'_, S> {
 impl<S: RolloutSource> Learner<'_, S> {
     /// The groups of the next step: rank 0 fills the batch and tells the other ranks; they
     /// wait for it (through rank 0's heartbeats). `None`: stop.
-    /// Strictly on-policy (`on_policy`), rank 0 tells the actors when the batch is decided
-    /// ([`intake`]): every later group of this version would be dropped as stale.
+    /// With `close`, rank 0 tells the actors when the batch is decided ([`intake`]): every
+    /// later group of this version or older would be dropped (as stale, or of another stage).
     fn next_step(
         &mut self,
         filter: &mut GroupFilter,
         tracker: &mut PromptTracker,
         stage: &StageConfig,
-        on_policy: bool,
+        close: bool,
     ) -> Result<Option<StepBatch>> {
         if self.leads() {
             let replay = self.opts.run_dir.join("replay");
@@ -273,7 +276,7 @@ impl<S: RolloutSource> Learner<'_, S> {
             } else {
                 self.fill_batch(filter, tracker, stage.batch_prompts, &stage.name)?
             };
-            if on_policy && step.is_some() {
+            if close && step.is_some() {
                 intake::close(&replay, version).map_err(io)?;
             }
             if self.group.world_size() == 1 {

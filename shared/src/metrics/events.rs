@@ -397,8 +397,9 @@ pub struct ActorEvent {
     /// Peak bytes its heap has held so far, MiB ([`super::CountingAlloc`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peak_heap_mb: Option<f64>,
-    /// Strictly on-policy: times so far the actor stopped because the learner had decided the
-    /// batch of its weights' version ([`crate::intake`]).
+    /// Times so far the actor paused because the learner wanted no more groups of its
+    /// weights' version ([`crate::intake`]: strictly on-policy after every step, in any mode at
+    /// a stage's end).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub held: Option<u64>,
     /// Seconds so far spent waiting in those holds.
