@@ -420,7 +420,8 @@ group_size = 2
 /// Strictly on-policy, an actor whose version's batch the learner has closed
 /// (`cascade_shared::intake`) writes nothing. It goes on when the learner reopens the version
 /// (a skipped step, a restarted learner), writing exactly what an actor that never paused
-/// writes, and with the next version's prompts once that snapshot is out; it counts its holds.
+/// writes, and with the next version's prompts once that snapshot is out; stopped while
+/// holding, it exits; it counts its holds.
 #[test]
 fn on_policy_actor_holds_while_the_learner_has_closed_its_versions_batch() {
     use cascade_shared::intake;
@@ -537,9 +538,20 @@ group_size = 2
     let got = receive(Duration::from_secs(120), &at_least(2));
     assert!(got.len() >= 2, "{} groups of version 2", got.len());
     assert!(got.iter().all(|g| g.min_policy_version() == 2));
+    // Stopped while holding, with rows in flight: it exits without finishing them.
+    intake::close(&replay, 2).unwrap();
+    let _in_flight = receive(Duration::from_millis(1000), &never);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !actor.is_finished() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a holding actor did not stop"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let summary = actor.join().unwrap().unwrap();
-    assert_eq!(summary.holds, 3, "{summary:?}");
+    assert_eq!(summary.holds, 4, "{summary:?}");
     assert!(summary.held_s > 0.0);
     // The totals at exit are in the metrics.
     let last = std::fs::read_to_string(run_dir.join("metrics.jsonl"))
@@ -548,7 +560,7 @@ group_size = 2
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .rfind(|e| e["event"] == "actor")
         .expect("an actor event");
-    assert_eq!(last["held"], 3, "{last}");
+    assert_eq!(last["held"], 4, "{last}");
 }
 
 /// With a staleness bound, the learner closes a version only after a stage's last batch: the

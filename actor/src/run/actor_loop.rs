@@ -22,7 +22,7 @@ use crate::error::{ActorError, Result};
 use crate::rewards::{Detokenize, GroupContext, PipelineStats, RewardPipeline, ScoreTask};
 use crate::snapshot_watch::SnapshotWatch;
 
-/// How often a holding on-policy actor looks for the next snapshot or a reopened batch.
+/// How often a holding actor looks for the next snapshot or a reopened batch.
 const HOLD_POLL: Duration = Duration::from_millis(2);
 
 /// Runs an actor until SIGTERM/SIGINT (or `max_groups`), then finishes the groups in flight,
@@ -270,7 +270,15 @@ pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSu
                 last_report = (Instant::now(), engine.stats().tokens);
             }
             if hold {
-                std::thread::sleep(HOLD_POLL);
+                if stopping || stop.load(Ordering::Relaxed) {
+                    // Its rows would only finish groups the learner drops: stop them, then exit.
+                    for f in engine.reset() {
+                        contexts.remove(&f.job.tag);
+                    }
+                    contexts.clear();
+                } else {
+                    std::thread::sleep(HOLD_POLL);
+                }
                 continue;
             }
             if engine.is_idle() {

@@ -250,6 +250,7 @@ impl<S: RolloutSource> Learner<'_, S> {
 impl<S: RolloutSource> Learner<'_, S> {
     /// The groups of the next step: rank 0 fills the batch and tells the other ranks; they
     /// wait for it (through rank 0's heartbeats). `None`: stop.
+    ///
     /// With `close`, rank 0 tells the actors when the batch is decided ([`intake`]): every
     /// later group of this version or older would be dropped (as stale, or of another stage).
     fn next_step(
