@@ -182,6 +182,19 @@ fn rollouts_by_step(run_dir: &Path) -> BTreeMap<u64, Vec<(String, u64)>> {
     steps
 }
 
+/// The learner's marker for the actors (`cascade_shared::intake`) names the version the run's
+/// last RL step trained (its `learner_step` event has the version after).
+fn assert_closed_at_last_step(run_dir: &Path) {
+    let last_version = events(run_dir)
+        .iter()
+        .filter(|e| e["event"] == "learner_step")
+        .filter_map(|e| e["policy_version"].as_u64())
+        .max()
+        .unwrap();
+    let closed = std::fs::read_to_string(run_dir.join("replay/closed")).unwrap();
+    assert_eq!(closed.trim(), (last_version - 1).to_string());
+}
+
 fn assert_no_rollout_used_twice(run_dir: &Path) {
     let mut seen = BTreeSet::new();
     for (step, ids) in rollouts_by_step(run_dir) {
@@ -238,16 +251,8 @@ fn a_short_cascade_runs_every_stage_and_writes_snapshots_metrics_and_report() {
     // Every RL step trained on groups of its own stage, produced by the actor.
     let rl_steps = ev.iter().filter(|e| e["event"] == "learner_step").count();
     assert_eq!(rl_steps, 10);
-    // With a staleness bound the learner closes a version only after a stage's last batch: the
-    // marker left names the version the last stage's last step trained.
-    let last_version = ev
-        .iter()
-        .filter(|e| e["event"] == "learner_step")
-        .filter_map(|e| e["policy_version"].as_u64())
-        .max()
-        .unwrap();
-    let closed = std::fs::read_to_string(run_dir.join("replay/closed")).unwrap();
-    assert_eq!(closed.trim(), (last_version - 1).to_string());
+    // With a staleness bound the learner closes a version only after a stage's last batch.
+    assert_closed_at_last_step(&run_dir);
     // Every learner step (SFT and RL) logs its peak host memory next to its tokens: the RSS,
     // and the heap's peak (the counting allocator), which the weights alone exceed and the RSS
     // holds.
@@ -683,16 +688,8 @@ fn on_policy_kill_and_resume_with(ranks: usize, victim: &str, extra: &[&str]) {
             .collect()
     };
     assert_eq!(losses(&a).len(), 8);
-    // Each step's batch was closed for the actors once decided (`cascade_shared::intake`): the
-    // marker left names the version the last step trained (its event has the version after).
-    let last_version = events(&a)
-        .iter()
-        .filter(|e| e["event"] == "learner_step")
-        .filter_map(|e| e["policy_version"].as_u64())
-        .max()
-        .unwrap();
-    let closed = std::fs::read_to_string(a.join("replay/closed")).unwrap();
-    assert_eq!(closed.trim(), (last_version - 1).to_string());
+    // Each step's batch was closed for the actors once decided.
+    assert_closed_at_last_step(&a);
     assert_eq!(losses(&a), losses(&b), "per-step losses");
     // The first stage's best responses, replayed by the second: the same lines.
     let best = |dir: &Path| std::fs::read(dir.join("best/stage-0.jsonl")).unwrap();
