@@ -21,6 +21,8 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
+use crate::snapshot::durable::replace_file;
+
 /// Name of the marker in the replay root.
 pub const CLOSED_FILE: &str = "closed";
 
@@ -39,21 +41,21 @@ pub fn closed(replay_dir: &Path) -> Option<u64> {
 }
 
 /// Says that the batch of `version` is decided: the learner needs no more of its groups.
-/// Written atomically (a temporary file renamed into place).
-pub fn close(replay_dir: &Path, version: u64) -> io::Result<()> {
-    std::fs::create_dir_all(replay_dir)?;
-    let tmp = replay_dir.join(format!(".{CLOSED_FILE}.{}.tmp", std::process::id()));
-    std::fs::write(&tmp, format!("{version}\n"))?;
-    std::fs::rename(&tmp, path(replay_dir))
+/// Written atomically, like the actors' snapshot acknowledgements.
+pub fn close(replay_dir: &Path, version: u64) -> crate::snapshot::Result<()> {
+    std::fs::create_dir_all(replay_dir)
+        .map_err(|e| crate::snapshot::SnapshotError::io(replay_dir, e))?;
+    replace_file(&path(replay_dir), format!("{version}\n").as_bytes())
 }
 
 /// Before waiting for groups of `version`: removes a marker that closes it (one of `version`
-/// or later). Returns whether one was removed.
+/// or later, or one that cannot be read). Returns whether one was removed.
 pub fn reopen(replay_dir: &Path, version: u64) -> io::Result<bool> {
     let p = path(replay_dir);
-    let unreadable = p.exists() && closed(replay_dir).is_none();
-    if !unreadable && closed(replay_dir).is_none_or(|c| c < version) {
-        return Ok(false);
+    match std::fs::read_to_string(&p) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Ok(text) if text.trim().parse::<u64>().is_ok_and(|c| c < version) => return Ok(false),
+        _ => {}
     }
     match std::fs::remove_file(&p) {
         Ok(()) => Ok(true),
@@ -62,8 +64,8 @@ pub fn reopen(replay_dir: &Path, version: u64) -> io::Result<bool> {
     }
 }
 
-/// Whether an on-policy actor running weights of `version` should stop generating: the marker
-/// closes that version (or a later one).
+/// Whether an actor running weights of `version` should pause: the marker closes that version
+/// (or a later one).
 pub fn stops(replay_dir: &Path, version: u64) -> bool {
     closed(replay_dir).is_some_and(|c| c >= version)
 }

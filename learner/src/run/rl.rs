@@ -278,7 +278,7 @@ impl<S: RolloutSource> Learner<'_, S> {
                 self.fill_batch(filter, tracker, stage.batch_prompts, &stage.name)?
             };
             if close && step.is_some() {
-                intake::close(&replay, version).map_err(io)?;
+                intake::close(&replay, version)?;
             }
             if self.group.world_size() == 1 {
                 return Ok(step);
