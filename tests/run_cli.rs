@@ -363,10 +363,7 @@ fn pid_of(run_dir: &Path, name: &str) -> Option<i32> {
 }
 
 fn kill(pid: i32) {
-    // SAFETY: kill(2) on a pid this test's child started.
-    unsafe {
-        libc::kill(pid, libc::SIGKILL);
-    }
+    signal(pid, libc::SIGKILL);
 }
 
 fn rl_steps_done(run_dir: &Path) -> usize {
@@ -406,6 +403,111 @@ fn start_until_rl(
         std::thread::sleep(Duration::from_millis(200));
     }
     (child, deadline)
+}
+
+/// The `eval` events of the row after `stage`.
+fn eval_events<'a>(ev: &'a [Value], stage: &str) -> Vec<&'a Value> {
+    ev.iter()
+        .filter(|e| e["event"] == "eval" && e["after_stage"] == stage)
+        .collect()
+}
+
+fn signal(pid: i32, sig: i32) {
+    // SAFETY: kill(2) on a pid this test's child started.
+    unsafe {
+        libc::kill(pid, sig);
+    }
+}
+
+#[test]
+fn heldout_rows_are_evaluated_while_later_stages_train_and_a_resumed_run_reuses_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = inputs(tmp.path(), 2, 1);
+    let run_dir = tmp.path().join("run");
+    let mut child = cascade()
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .arg("--run-dir")
+        .arg(&run_dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while rl_steps_done(&run_dir) < 1 {
+        assert!(Instant::now() < deadline, "RL never started");
+        assert!(child.try_wait().unwrap().is_none(), "run ended early");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The learner is frozen in the first RL stage: the row after the SFT stages (whose
+    // stage-final snapshot is out) is evaluated and saved all the same.
+    let learner = pid_of(&run_dir, "learner").unwrap();
+    signal(learner, libc::SIGSTOP);
+    let saved = |run_dir: &Path| -> Vec<PathBuf> {
+        let mut rows: Vec<PathBuf> = std::fs::read_dir(run_dir.join("heldout"))
+            .map(|d| d.map(|e| e.unwrap().path()).collect())
+            .unwrap_or_default();
+        rows.sort();
+        rows
+    };
+    while saved(&run_dir).is_empty() {
+        if Instant::now() > deadline {
+            signal(learner, libc::SIGCONT);
+            panic!("the row after the SFT stages was not evaluated during training");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let ev = events(&run_dir);
+    assert_eq!(eval_events(&ev, "sft").len(), 5, "one event per domain");
+    assert!(!ev
+        .iter()
+        .any(|e| e["event"] == "stage_end" && e["stage"] == "rlhf"));
+    signal(learner, libc::SIGCONT);
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", show(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("held-out after sft ("), "{stderr}");
+
+    // One saved row per row of the table, each evaluated once.
+    let table: Value =
+        serde_json::from_slice(&std::fs::read(run_dir.join("heldout.json")).unwrap()).unwrap();
+    let stages = ["sft", "rlhf", "if", "math", "code", "swe"];
+    assert_eq!(after_stages(&table), stages);
+    let rows = saved(&run_dir);
+    assert_eq!(rows.len(), 6, "{rows:?}");
+    let ev = events(&run_dir);
+    for (i, stage) in stages.iter().enumerate() {
+        let row: Value = serde_json::from_slice(&std::fs::read(&rows[i]).unwrap()).unwrap();
+        assert_eq!(row["row"], table["rows"][i], "{}", rows[i].display());
+        assert_eq!(eval_events(&ev, stage).len(), 5, "{stage}");
+    }
+
+    // A resumed run (here one that has nothing left to train) reuses the saved rows...
+    std::fs::remove_file(run_dir.join("heldout.json")).unwrap();
+    let resume = |extra: &[&str]| {
+        let out = cascade()
+            .args(["run", "--resume"])
+            .arg(&run_dir)
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", show(&out));
+        serde_json::from_slice::<Value>(&std::fs::read(run_dir.join("heldout.json")).unwrap())
+            .unwrap()
+    };
+    assert_eq!(resume(&[]), table);
+    let evals = |run_dir: &Path| {
+        events(run_dir)
+            .iter()
+            .filter(|e| e["event"] == "eval")
+            .count()
+    };
+    assert_eq!(evals(&run_dir), 30, "no row was evaluated again");
+    // ...but not those evaluated under other settings.
+    let again = resume(&["--set", "eval.samples=2"]);
+    assert_eq!(evals(&run_dir), 60, "every row evaluated again");
+    assert_eq!(after_stages(&again), stages);
+    assert_ne!(again, table);
 }
 
 #[test]

@@ -100,6 +100,11 @@ pub struct EvalConfig {
     pub max_prompts: usize,
     /// Seed of the evaluation samplers (the same for every row of the table).
     pub seed: u64,
+    /// Evaluate each stage-final snapshot while the later stages train (in `cascade run`,
+    /// beside the learner and the actors), instead of every row after training. Only with a
+    /// CPU learner: on a GPU the evaluation would need memory beside the learner's, which the
+    /// plan does not count, so its rows wait for the end there.
+    pub during_run: bool,
 }
 
 impl Default for EvalConfig {
@@ -111,6 +116,7 @@ impl Default for EvalConfig {
             top_p: 0.95,
             max_prompts: 0,
             seed: 1234,
+            during_run: true,
         }
     }
 }

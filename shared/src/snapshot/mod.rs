@@ -29,7 +29,7 @@ pub use layout::{
     MANIFEST_FILE, MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE,
 };
 pub use read::{
-    list_versions, load_model, load_snapshot, peek_latest_state, read_latest, verify,
-    LoadedSnapshot, SnapshotInfo,
+    list_versions, load_model, load_snapshot, peek_latest_state, peek_manifest, peek_snapshot,
+    read_latest, verify, LoadedSnapshot, SnapshotInfo,
 };
 pub use state::{FilterMetrics, LearnerState, StageProgress, STATE_FORMAT_VERSION};

@@ -48,6 +48,26 @@ pub fn read_latest(snapshots_dir: &Path) -> Option<u64> {
 
 /// Checks that `dir` is a complete snapshot: marker, manifest and every file's size and CRC.
 pub fn verify(dir: &Path) -> Result<SnapshotInfo> {
+    let info = peek_manifest(dir)?;
+    for (file, entry) in &info.manifest.files {
+        let actual = digest_file(&dir.join(file))?;
+        if ManifestEntry::from(actual) != *entry {
+            return Err(SnapshotError::corrupt(
+                dir,
+                format!(
+                    "{file}: {} bytes crc32c {:08x}, manifest says {} bytes {:08x}",
+                    actual.bytes, actual.crc32c, entry.bytes, entry.crc32c
+                ),
+            ));
+        }
+    }
+    Ok(info)
+}
+
+/// The part of [`verify`] that reads no weights: the marker, the manifest (its checksum, format
+/// and version) and the required files' names. Cheap for a poll that only asks what a snapshot
+/// is; verify it before using its files.
+pub fn peek_manifest(dir: &Path) -> Result<SnapshotInfo> {
     let corrupt = |reason: String| SnapshotError::corrupt(dir, reason);
     let version = dir
         .file_name()
@@ -76,15 +96,6 @@ pub fn verify(dir: &Path) -> Result<SnapshotInfo> {
     for required in REQUIRED_FILES {
         if !manifest.files.contains_key(required) {
             return Err(corrupt(format!("manifest lacks {required}")));
-        }
-    }
-    for (file, entry) in &manifest.files {
-        let actual = digest_file(&dir.join(file))?;
-        if ManifestEntry::from(actual) != *entry {
-            return Err(corrupt(format!(
-                "{file}: {} bytes crc32c {:08x}, manifest says {} bytes {:08x}",
-                actual.bytes, actual.crc32c, entry.bytes, entry.crc32c
-            )));
         }
     }
     Ok(SnapshotInfo {
@@ -134,9 +145,20 @@ fn parse_state(dir: &Path, bytes: &[u8]) -> Result<LearnerState> {
 /// Verifies and loads `state.json` of the snapshot in `dir`.
 pub fn load_snapshot(dir: &Path) -> Result<LoadedSnapshot> {
     let info = verify(dir)?;
-    let path = dir.join(STATE_FILE);
+    with_state(info)
+}
+
+/// [`load_snapshot`] without the files' checksums ([`peek_manifest`]): what a snapshot is and
+/// where its stage stands, for a scan over many snapshots. `state.json` is parsed, not checked
+/// against the manifest.
+pub fn peek_snapshot(dir: &Path) -> Result<LoadedSnapshot> {
+    with_state(peek_manifest(dir)?)
+}
+
+fn with_state(info: SnapshotInfo) -> Result<LoadedSnapshot> {
+    let path = info.dir.join(STATE_FILE);
     let bytes = fs::read(&path).map_err(|e| SnapshotError::io(&path, e))?;
-    let state = parse_state(dir, &bytes)?;
+    let state = parse_state(&info.dir, &bytes)?;
     Ok(LoadedSnapshot { info, state })
 }
 

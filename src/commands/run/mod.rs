@@ -12,7 +12,10 @@
 //!   `RUN_DIR/logs/NAME.log`; starts, exits and restarts go to `metrics.jsonl` as `process`
 //!   events with the child's peak RSS.
 //! - **Resume**: `--resume RUN_DIR` continues from the newest complete snapshot.
-//! - **End**: the held-out table (`heldout.json`), a `run_end` event and `report/index.html`.
+//! - **Held-out table**: each stage-final snapshot is evaluated on every held-out set while the
+//!   later stages train (`eval.during_run`, CPU learners), the rest after training; the table
+//!   (`heldout.json`) is printed at the end.
+//! - **End**: the held-out table, a `run_end` event and `report/index.html`.
 //!
 //! - **Seeds**: `--seeds N` runs the whole thing N times with different seeds and summarises
 //!   the held-out table across them (`seeds`).
@@ -110,7 +113,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         }
     };
 
-    let metrics = MetricsLog::open(run_dir.join(METRICS_FILE), "supervisor")?;
+    let metrics = Arc::new(MetricsLog::open(run_dir.join(METRICS_FILE), "supervisor")?);
     let actors = config.devices.actor_assignment();
     let max_staleness = config.learner.max_staleness;
     metrics.record(&RunStart {
@@ -154,6 +157,19 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     let mut children =
         Supervisor::start(&config, &config_path, &run_dir, &metrics, args.max_restarts)?;
     let mut progress = Progress::new(&run_dir);
+    let mut evaluator = match config.eval.enabled && !args.no_eval {
+        true => heldout::Evaluator::new(&config, &run_dir, metrics.clone(), progress.printer())?,
+        false => None,
+    };
+    if let Some(e) = &mut evaluator {
+        if config.eval.during_run
+            && learner_devices
+                .iter()
+                .all(|d| *d == cascade_shared::config::Device::Cpu)
+        {
+            e.start()?;
+        }
+    }
 
     // 3. Supervise.
     let learner_result = match children.supervise(&stop, &mut progress)? {
@@ -183,17 +199,15 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     eprintln!("training done in {train_s:.1} s");
 
     // 4. Held-out table, run_end, report.
-    if config.eval.enabled && !args.no_eval {
+    if let Some(evaluator) = evaluator {
         let t0 = Instant::now();
-        let table = heldout::evaluate_run(&config, &run_dir, &metrics)?;
-        if let Some(table) = table {
-            eprintln!("{}", heldout::format_table(&table));
-            eprintln!(
-                "held-out evaluation: {:.1} s; written to {}",
-                t0.elapsed().as_secs_f64(),
-                run_dir.join(HELDOUT_FILE).display()
-            );
-        }
+        let table = evaluator.finish()?;
+        eprintln!("{}", heldout::format_table(&table));
+        eprintln!(
+            "held-out evaluation: {:.1} s after training; written to {}",
+            t0.elapsed().as_secs_f64(),
+            run_dir.join(HELDOUT_FILE).display()
+        );
     }
     metrics.record(&RunEnd {
         train_s: Some(train_s),

@@ -236,6 +236,18 @@ impl Progress {
         }
     }
 
+    /// Prints lines for another thread, as [`Self::println`].
+    pub(super) fn printer(&self) -> crate::heldout::Printer {
+        let bar = self.bar.clone();
+        let tty = self.tty;
+        std::sync::Arc::new(move |line: &str| {
+            bar.println(line);
+            if !tty {
+                eprintln!("{line}");
+            }
+        })
+    }
+
     pub(super) fn finish(&self) {
         self.bar.finish_and_clear();
     }
