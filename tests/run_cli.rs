@@ -450,8 +450,9 @@ fn heldout_rows_are_evaluated_while_later_stages_train_and_a_resumed_run_reuses_
         rows.sort();
         rows
     };
+    let wait = Instant::now() + Duration::from_secs(120);
     while saved(&run_dir).is_empty() {
-        if Instant::now() > deadline {
+        if Instant::now() > wait {
             signal(learner, libc::SIGCONT);
             panic!("the row after the SFT stages was not evaluated during training");
         }

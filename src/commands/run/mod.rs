@@ -157,9 +157,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     let mut children =
         Supervisor::start(&config, &config_path, &run_dir, &metrics, args.max_restarts)?;
     let mut progress = Progress::new(&run_dir);
-    let mut evaluator = match config.eval.enabled && !args.no_eval {
-        true => heldout::Evaluator::new(&config, &run_dir, metrics.clone(), progress.printer())?,
-        false => None,
+    let mut evaluator = if config.eval.enabled && !args.no_eval {
+        heldout::Evaluator::new(&config, &run_dir, metrics.clone(), progress.printer())?
+    } else {
+        None
     };
     if let Some(e) = &mut evaluator {
         if config.eval.during_run
