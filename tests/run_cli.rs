@@ -443,6 +443,8 @@ fn heldout_rows_are_evaluated_while_later_stages_train_and_a_resumed_run_reuses_
     // stage-final snapshot is out) is evaluated and saved all the same.
     let learner = pid_of(&run_dir, "learner").unwrap();
     signal(learner, libc::SIGSTOP);
+    std::thread::sleep(Duration::from_millis(200));
+    let frozen_at = rl_steps_done(&run_dir);
     let saved = |run_dir: &Path| -> Vec<PathBuf> {
         let mut rows: Vec<PathBuf> = std::fs::read_dir(run_dir.join("heldout"))
             .map(|d| d.map(|e| e.unwrap().path()).collect())
@@ -460,9 +462,11 @@ fn heldout_rows_are_evaluated_while_later_stages_train_and_a_resumed_run_reuses_
     }
     let ev = events(&run_dir);
     assert_eq!(eval_events(&ev, "sft").len(), 5, "one event per domain");
+    // The learner took no step meanwhile, and has stages left.
+    assert_eq!(rl_steps_done(&run_dir), frozen_at);
     assert!(!ev
         .iter()
-        .any(|e| e["event"] == "stage_end" && e["stage"] == "rlhf"));
+        .any(|e| e["event"] == "stage_end" && e["stage"] == "swe"));
     signal(learner, libc::SIGCONT);
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", show(&out));

@@ -172,7 +172,10 @@ impl Evaluator {
             let mut st = shared.lock();
             st.finishing = true;
             for job in &jobs {
-                if st.claimed.insert((job.pos, job.version)) {
+                let at = (job.pos, job.version);
+                // A row that failed during training gets one more try.
+                if st.claimed.insert(at) || matches!(st.done.get(&at), Some(Err(_))) {
+                    st.done.remove(&at);
                     st.queue.push_back(job.clone());
                 }
             }
