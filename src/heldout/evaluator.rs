@@ -341,10 +341,10 @@ impl Shared {
         let (after_stage, _) = &self.wanted[job.pos];
         match &result {
             Ok((row, false)) => {
-                let scores: Vec<String> = row
-                    .scores
+                // In the table's column order.
+                let scores: Vec<String> = domain_names(&self.config)
                     .iter()
-                    .map(|(d, s)| format!("{d} {s:.3}"))
+                    .filter_map(|d| row.scores.get(d).map(|s| format!("{d} {s:.3}")))
                     .collect();
                 (self.print)(&format!(
                     "held-out after {after_stage} (v{}, {:.0} s): {}",
