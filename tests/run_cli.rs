@@ -376,19 +376,34 @@ fn rl_steps_done(run_dir: &Path) -> usize {
 /// Starts `cascade run --no-eval --actors N` with `program` (a `cascade` command) and waits
 /// until its learner has taken two RL steps; returns the child and the test's deadline.
 fn start_until_rl(
-    mut program: Command,
+    program: Command,
     cfg: &Path,
     run_dir: &Path,
     actors: usize,
 ) -> (std::process::Child, Instant) {
+    let actors = actors.to_string();
+    start_until_rl_steps(
+        program,
+        cfg,
+        run_dir,
+        &["--no-eval", "--actors", &actors],
+        2,
+    )
+}
+
+/// Starts `cascade run FLAGS` on `cfg` with `program` and waits until its learner has taken
+/// `steps` RL steps; returns the child and the test's deadline.
+fn start_until_rl_steps(
+    mut program: Command,
+    cfg: &Path,
+    run_dir: &Path,
+    flags: &[&str],
+    steps: usize,
+) -> (std::process::Child, Instant) {
     let mut child = program
-        .args([
-            "run",
-            "--no-eval",
-            "--actors",
-            &actors.to_string(),
-            "--config",
-        ])
+        .arg("run")
+        .args(flags)
+        .arg("--config")
         .arg(cfg)
         .arg("--run-dir")
         .arg(run_dir)
@@ -397,7 +412,7 @@ fn start_until_rl(
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(600);
-    while rl_steps_done(run_dir) < 2 {
+    while rl_steps_done(run_dir) < steps {
         assert!(Instant::now() < deadline, "RL never started");
         assert!(child.try_wait().unwrap().is_none(), "run ended early");
         std::thread::sleep(Duration::from_millis(200));
@@ -424,21 +439,7 @@ fn heldout_rows_are_evaluated_while_later_stages_train_and_a_resumed_run_reuses_
     let tmp = tempfile::tempdir().unwrap();
     let cfg = inputs(tmp.path(), 2, 1);
     let run_dir = tmp.path().join("run");
-    let mut child = cascade()
-        .args(["run", "--config"])
-        .arg(&cfg)
-        .arg("--run-dir")
-        .arg(&run_dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(600);
-    while rl_steps_done(&run_dir) < 1 {
-        assert!(Instant::now() < deadline, "RL never started");
-        assert!(child.try_wait().unwrap().is_none(), "run ended early");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let (child, _) = start_until_rl_steps(cascade(), &cfg, &run_dir, &[], 1);
     // The learner is frozen in the first RL stage: the row after the SFT stages (whose
     // stage-final snapshot is out) is evaluated and saved all the same.
     let learner = pid_of(&run_dir, "learner").unwrap();

@@ -106,11 +106,7 @@ impl Evaluator {
     ) -> anyhow::Result<Option<Evaluator>> {
         let device = cascade_shared::device::parse_device(&config.devices.learner.to_string())
             .map_err(|e| anyhow::anyhow!(e))?;
-        if !config
-            .stages
-            .iter()
-            .any(|s| s.is_rl() && s.heldout.is_some())
-        {
+        if domain_stages(config).is_empty() {
             return Ok(None);
         }
         let first_rl = config.stages.iter().position(|s| s.is_rl()).unwrap_or(0) as u32;
@@ -324,9 +320,8 @@ impl Shared {
     /// `[reward_model]` before the first stage that uses it).
     fn reward_models_ready(&self) -> bool {
         let trained = self.run_dir.join(TRAINED_REWARD_MODEL_DIR);
-        self.config.stages.iter().enumerate().all(|(i, s)| {
-            !(s.is_rl() && s.heldout.is_some())
-                || self.config.reward_model_dir(i, &self.run_dir).as_ref() != Some(&trained)
+        domain_stages(&self.config).into_iter().all(|i| {
+            self.config.reward_model_dir(i, &self.run_dir).as_ref() != Some(&trained)
                 || cascade_learner::reward_train::is_complete(&trained)
         })
     }
@@ -444,16 +439,25 @@ impl Shared {
     }
 }
 
-/// The domains' names, in the table's order (the RL stages' kinds with a held-out set, once
-/// each, first stage first).
-fn domain_names(config: &RunConfig) -> Vec<String> {
-    let mut names: Vec<String> = Vec::new();
-    for s in &config.stages {
-        if s.is_rl() && s.heldout.is_some() && !names.iter().any(|n| n == s.kind.as_str()) {
-            names.push(s.kind.as_str().to_string());
+/// The stages that give the table its domains, in its column order: the first RL stage of each
+/// kind with a held-out set.
+fn domain_stages(config: &RunConfig) -> Vec<usize> {
+    let mut out: Vec<usize> = Vec::new();
+    for (i, s) in config.stages.iter().enumerate() {
+        if s.is_rl() && s.heldout.is_some() && !out.iter().any(|&j| config.stages[j].kind == s.kind)
+        {
+            out.push(i);
         }
     }
-    names
+    out
+}
+
+/// The domains' names, in the table's order.
+fn domain_names(config: &RunConfig) -> Vec<String> {
+    domain_stages(config)
+        .into_iter()
+        .map(|i| config.stages[i].kind.as_str().to_string())
+        .collect()
 }
 
 fn build_domains(
@@ -462,13 +466,11 @@ fn build_domains(
     device: &candle_core::Device,
 ) -> anyhow::Result<Vec<Domain>> {
     let mut domains: Vec<Domain> = Vec::new();
-    for (i, stage) in config.stages.iter().enumerate() {
+    for i in domain_stages(config) {
+        let stage = &config.stages[i];
         let Some(heldout) = &stage.heldout else {
             continue;
         };
-        if !stage.is_rl() || domains.iter().any(|d| d.name == stage.kind.as_str()) {
-            continue;
-        }
         let rm_dir = config.reward_model_dir(i, run_dir);
         let judge = stage.verifier.swe_judge.as_ref().map(|p| config.resolve(p));
         // Each column is its domain's own score: a stage that blends the reward model into its

@@ -174,10 +174,7 @@ pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSu
                         if stage.on_policy || switched {
                             // Rollouts of the old version (strictly on-policy) or of the old
                             // stage would be dropped as stale or as another stage's: stop them.
-                            for f in engine.reset() {
-                                contexts.remove(&f.job.tag);
-                            }
-                            contexts.clear();
+                            drop_rows(&mut engine, &mut contexts);
                         }
                         if stage.on_policy {
                             // And start the new version's prompts.
@@ -272,10 +269,7 @@ pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSu
             if hold {
                 if stopping || stop.load(Ordering::Relaxed) {
                     // Its rows would only finish groups the learner drops: stop them, then exit.
-                    for f in engine.reset() {
-                        contexts.remove(&f.job.tag);
-                    }
-                    contexts.clear();
+                    drop_rows(&mut engine, &mut contexts);
                 } else {
                     std::thread::sleep(HOLD_POLL);
                 }
@@ -329,6 +323,13 @@ pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSu
         tokens_per_s: es.tokens as f64 / elapsed.max(1e-9),
         pipeline,
     })
+}
+
+/// Stops every row in flight and forgets their groups. A group's context leaves `contexts` once
+/// its last row is handed to the reward pipeline, so the rows left are all of them.
+fn drop_rows(engine: &mut Engine, contexts: &mut HashMap<u64, (Arc<GroupContext>, usize)>) {
+    engine.reset();
+    contexts.clear();
 }
 
 /// The actor's periodic report: progress, throughput since `since` (instant, tokens then), and
