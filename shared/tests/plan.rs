@@ -107,9 +107,11 @@ fn the_8b_actor_kv_cache_is_147_kb_per_token() {
     let gpus: Vec<(Device, u64)> = (0..8).map(|i| (Device::Cuda(i), H200)).collect();
     let p = plan(&cfg, &qwen3_8b(), &BTreeMap::new(), &options(&gpus));
     // 36 layers × 8 kv heads × 128 × (k, v) × 2 bytes = 147 456 bytes per token (SCALE.md);
-    // code: 64 rows × min(2048 + 40960, 40960) tokens, twice while the batch is rebuilt.
+    // the paged cache's automatic budget: 64 rows × min(2048 + 40960, 40960) tokens, the same
+    // in every RL stage (it is allocated once, for the longest response of the run).
     let kv = item(&p, "code", "actor 0", "KV cache");
-    assert_eq!(kv, 2 * 64 * 40_960 * 147_456);
+    assert_eq!(kv, 64 * 40_960 * 147_456);
+    assert_eq!(item(&p, "rlhf", "actor 0", "KV cache"), kv);
     let code = p.stages.iter().find(|s| s.stage == "code").unwrap();
     let actor = code
         .devices
@@ -129,6 +131,40 @@ fn the_8b_actor_kv_cache_is_147_kb_per_token() {
         "{:?}",
         actor.advice
     );
+    // Each stage's advice names a cache size that fits it; with the smallest (one cache serves
+    // every stage; rlhf and if also hold a reward model), the same 64 rows fit every stage
+    // (they wait for blocks or are preempted when the cache fills).
+    let advised = p
+        .stages
+        .iter()
+        .flat_map(|s| &s.devices)
+        .flat_map(|d| &d.advice)
+        .filter_map(|a| {
+            let rest = a.split("about ").nth(1)?;
+            rest.split(' ').next()?.parse::<usize>().ok()
+        })
+        .min()
+        .expect("a cache size in the advice");
+    assert!(advised > 40_960 && advised < 64 * 40_960, "{advised}");
+    cfg.actor.kv_cache_tokens = advised;
+    let p = plan(&cfg, &qwen3_8b(), &BTreeMap::new(), &options(&gpus));
+    assert_eq!(
+        item(&p, "code", "actor 0", "KV cache"),
+        advised as u64 * 147_456
+    );
+    // A cache smaller than every row at its longest counts the prefill of a preempted row
+    // (prompt + response, 40 960 tokens) instead of 4 prompts of 2048.
+    assert!(item(&p, "code", "actor 0", "prefill") > item_of_auto_prefill());
+    assert!(p.fits(), "{}", p.render());
+}
+
+/// The prefill the automatic cache size plans for: 4 prompts of 2048 tokens per call.
+fn item_of_auto_prefill() -> u64 {
+    let mut cfg = config("qwen3-8b-base.toml");
+    cfg.actor.gen_batch = 64;
+    let gpus: Vec<(Device, u64)> = (0..8).map(|i| (Device::Cuda(i), H200)).collect();
+    let p = plan(&cfg, &qwen3_8b(), &BTreeMap::new(), &options(&gpus));
+    item(&p, "code", "actor 0", "prefill")
 }
 
 #[test]
@@ -239,15 +275,22 @@ fn the_committed_8b_config_fits_eight_h200s() {
         let q = s.processes.iter().find(|q| q.process == process).unwrap();
         q.total() as f64 / 1e9
     };
-    let (sft, code, actor) = (
+    let (sft, code, actor, rlhf_actor) = (
         gb("sft-16k", "learner rank 0"),
         gb("code", "learner rank 3"),
         gb("code", "actor 0"),
+        gb("rlhf", "actor 0"),
     );
-    eprintln!("sft-16k learner rank 0 {sft:.1} GB, code learner rank 3 {code:.1} GB, actor 0 {actor:.1} GB");
+    eprintln!(
+        "sft-16k learner rank 0 {sft:.1} GB, code learner rank 3 {code:.1} GB, actor 0 {actor:.1} \
+         GB (rlhf, with the reward model: {rlhf_actor:.1} GB)"
+    );
     assert!((sft - 93.1).abs() < 0.1, "{sft}");
     assert!((code - 121.6).abs() < 1.0, "{code}");
-    assert!((actor - 128.0).abs() < 1.0, "{actor}");
+    // gen_batch 16: 16.4 GB of weights + 16 × 40 960 × 147 456 bytes of paged cache + the
+    // prefill of 4 prompts; rlhf and if also hold the 16.4 GB reward model.
+    assert!((actor - 115.1).abs() < 1.0, "{actor}");
+    assert!((rlhf_actor - 131.5).abs() < 1.0, "{rlhf_actor}");
 }
 
 /// Learner ranks (issue 17): one learner entry per rank on consecutive GPUs, each keeping the

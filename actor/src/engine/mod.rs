@@ -3,7 +3,14 @@
 //!
 //! A [`Job`] (one prompt) expands into `group_size` rows. Rows wait in a queue; whenever a
 //! slot of the [`DecodeBatch`] is free, the next row is prefilled into it, so a long straggler
-//! never idles the rest of the batch. Every token is drawn with the key
+//! never idles the rest of the batch.
+//!
+//! The rows' keys and values live in a paged cache ([`cascade_shared::model::paged`]). With a
+//! budget ([`Engine::with_kv_budget`]) a queued row enters only when the free blocks hold its
+//! prefill and the next step of every row; when decoding runs out of blocks, the row that
+//! entered last is *preempted*: its blocks are freed and it goes back to the head of the queue
+//! with what it generated, to be prefilled again (prompt and response) when blocks free up.
+//! Its tokens are drawn with the same keys either way. Every token is drawn with the key
 //! `(seed, prompt_id * G + sample_index, position)`, so what a row generates does not depend on
 //! which other rows share its batch. A row stops at a stop token (`<|im_end|>`, EOS), at its
 //! max response tokens or at the end of the model's context, and records why. Weights can be
@@ -19,7 +26,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::Tensor;
-use cascade_shared::model::{CausalLm, DecodeBatch};
+use cascade_shared::model::{CausalLm, DecodeBatch, PREFILL_TOKENS};
 use cascade_shared::{FinishReason, VersionSpan};
 
 pub use job::{Finished, GenParams, Job, Skipped};
@@ -27,7 +34,7 @@ pub use job::{Finished, GenParams, Job, Skipped};
 use crate::error::{ActorError, Result};
 use crate::sampler::{sample_batch, SampleKey, Sampled, SamplingParams};
 
-/// A sample in a slot.
+/// A sample in a slot, or preempted and waiting to be prefilled again.
 #[derive(Debug)]
 struct Row {
     job: Arc<Job>,
@@ -36,6 +43,25 @@ struct Row {
     logprobs: Vec<f32>,
     versions: Vec<VersionSpan>,
     started: Instant,
+    /// When it (last) entered the batch, in engine admissions: the latest is preempted first.
+    admitted: u64,
+}
+
+/// A sample waiting for a slot: new, or preempted with what it generated.
+#[derive(Debug)]
+enum Queued {
+    New(Arc<Job>, usize),
+    Preempted(Row),
+}
+
+impl Queued {
+    /// Tokens its prefill writes to the cache.
+    fn prefill_len(&self) -> usize {
+        match self {
+            Queued::New(job, _) => job.prompt_ids.len(),
+            Queued::Preempted(row) => row.job.prompt_ids.len() + row.response.len(),
+        }
+    }
 }
 
 impl Row {
@@ -72,6 +98,8 @@ pub struct EngineStats {
     pub decode_steps: u64,
     /// Prefill calls run.
     pub prefills: u64,
+    /// Rows preempted because the KV cache was full (each is prefilled again later).
+    pub preemptions: u64,
 }
 
 /// Continuous-batching generator over one model.
@@ -81,7 +109,8 @@ pub struct Engine {
     version: u64,
     batch: DecodeBatch,
     rows: Vec<Option<Row>>,
-    queue: VecDeque<(Arc<Job>, usize)>,
+    queue: VecDeque<Queued>,
+    admissions: u64,
     stop_ids: Vec<u32>,
     stats: EngineStats,
     skipped: Vec<Skipped>,
@@ -92,8 +121,37 @@ pub struct Engine {
 
 impl Engine {
     /// An engine with `slots` concurrent rows over `model` (policy `version`), stopping at any
-    /// of `stop_ids`.
+    /// of `stop_ids`, whose KV cache grows as needed.
     pub fn new(model: CausalLm, version: u64, slots: usize, stop_ids: Vec<u32>) -> Result<Engine> {
+        Engine::build(model, version, DecodeBatch::new(slots), stop_ids)
+    }
+
+    /// [`Engine::new`] with a KV cache of `kv_tokens` tokens shared by the rows, allocated in
+    /// full at the first prefill: rows wait for blocks, and the newest row is preempted when
+    /// decoding runs out of them.
+    pub fn with_kv_budget(
+        model: CausalLm,
+        version: u64,
+        slots: usize,
+        stop_ids: Vec<u32>,
+        kv_tokens: usize,
+    ) -> Result<Engine> {
+        if kv_tokens == 0 {
+            return Err(ActorError::Invalid(
+                "the KV cache budget must be at least one token".into(),
+            ));
+        }
+        let batch = DecodeBatch::with_kv_budget(slots, kv_tokens);
+        Engine::build(model, version, batch, stop_ids)
+    }
+
+    fn build(
+        model: CausalLm,
+        version: u64,
+        batch: DecodeBatch,
+        stop_ids: Vec<u32>,
+    ) -> Result<Engine> {
+        let slots = batch.slots();
         if slots == 0 {
             return Err(ActorError::Invalid(
                 "the engine needs at least one slot".into(),
@@ -113,9 +171,10 @@ impl Engine {
         Ok(Engine {
             model,
             version,
-            batch: DecodeBatch::new(slots),
+            batch,
             rows: (0..slots).map(|_| None).collect(),
             queue: VecDeque::new(),
+            admissions: 0,
             stop_ids,
             stats: EngineStats::default(),
             skipped: Vec::new(),
@@ -202,9 +261,25 @@ impl Engine {
             });
             return Ok(false);
         }
+        if let Some(budget) = self.batch.kv_budget() {
+            // The longest this prompt's rows can get must fit the cache alone.
+            let longest = self
+                .context()
+                .min(job.prompt_ids.len() + job.params.max_new_tokens);
+            if DecodeBatch::blocks_for(longest) > DecodeBatch::blocks_for(budget) {
+                return Err(ActorError::Invalid(format!(
+                    "prompt {}: a row of {} prompt + {} response tokens does not fit a KV cache \
+                     of {budget} tokens (raise actor.kv_cache_tokens or lower the response \
+                     budget)",
+                    job.prompt_id,
+                    job.prompt_ids.len(),
+                    longest - job.prompt_ids.len()
+                )));
+            }
+        }
         let job = Arc::new(job);
         for i in 0..job.group_size {
-            self.queue.push_back((job.clone(), i));
+            self.queue.push_back(Queued::New(job.clone(), i));
         }
         Ok(true)
     }
@@ -244,6 +319,10 @@ impl Engine {
         if active.is_empty() {
             return Ok(done);
         }
+        self.preempt_for_step(&active);
+        let active: Vec<usize> = (0..self.rows.len())
+            .filter(|&s| self.rows[s].is_some())
+            .collect();
         let feed: Vec<(usize, u32)> = active
             .iter()
             .map(|&s| {
@@ -276,15 +355,20 @@ impl Engine {
     /// on-policy actor needs to reproduce a run bit for bit after a restart.
     pub fn reset(&mut self) -> Vec<Finished> {
         let out = self.abort_all();
-        self.batch = DecodeBatch::new(self.rows.len());
+        self.batch.clear();
+        self.admissions = 0;
         out
     }
 
     /// Stops every row in flight and drops the queue; the rows in flight are returned with
     /// [`FinishReason::Abort`].
     pub fn abort_all(&mut self) -> Vec<Finished> {
-        self.queue.clear();
         let mut out = Vec::new();
+        for queued in std::mem::take(&mut self.queue) {
+            if let Queued::Preempted(row) = queued {
+                out.push(finish(row, FinishReason::Abort));
+            }
+        }
         for slot in 0..self.rows.len() {
             if let Some(row) = self.rows[slot].take() {
                 self.batch.release(slot);
@@ -298,36 +382,93 @@ impl Engine {
         let free: Vec<usize> = (0..self.rows.len())
             .filter(|&s| self.rows[s].is_none())
             .collect();
+        // With a budget, rows enter in queue order while the free blocks hold their prefill,
+        // their first decoded token and the next step of the rows already in flight.
+        let active: Vec<usize> = (0..self.rows.len())
+            .filter(|&s| self.rows[s].is_some())
+            .collect();
+        let mut room = self
+            .batch
+            .free_blocks()
+            .map(|free| free.saturating_sub(self.batch.blocks_for_step(&active)));
         let mut new_slots = Vec::new();
+        let mut tokens = 0;
         for slot in free {
-            let Some((job, sample_index)) = self.queue.pop_front() else {
+            let Some(next) = self.queue.front() else {
                 break;
             };
+            // One prefill takes up to PREFILL_TOKENS prompt tokens (at least one row).
+            tokens += next.prefill_len();
+            if tokens > PREFILL_TOKENS && !new_slots.is_empty() {
+                break;
+            }
+            if let Some(room) = room.as_mut() {
+                let need = DecodeBatch::blocks_for(next.prefill_len() + 1);
+                if need > *room {
+                    break;
+                }
+                *room -= need;
+            }
+            let row = match self.queue.pop_front().expect("front exists") {
+                Queued::New(job, sample_index) => Row {
+                    job,
+                    sample_index,
+                    response: Vec::new(),
+                    logprobs: Vec::new(),
+                    versions: Vec::new(),
+                    started: Instant::now(),
+                    admitted: 0,
+                },
+                Queued::Preempted(row) => row,
+            };
+            self.admissions += 1;
             self.rows[slot] = Some(Row {
-                job,
-                sample_index,
-                response: Vec::new(),
-                logprobs: Vec::new(),
-                versions: Vec::new(),
-                started: Instant::now(),
+                admitted: self.admissions,
+                ..row
             });
             new_slots.push(slot);
         }
         if new_slots.is_empty() {
             return Ok(());
         }
-        let jobs: Vec<Arc<Job>> = new_slots
+        let prefills: Vec<Vec<u32>> = new_slots
             .iter()
-            .map(|&s| self.rows[s].as_ref().expect("just filled").job.clone())
+            .map(|&s| {
+                let row = self.rows[s].as_ref().expect("just filled");
+                let mut ids = row.job.prompt_ids.clone();
+                ids.extend_from_slice(&row.response);
+                ids
+            })
             .collect();
         let prompts: Vec<(usize, &[u32])> = new_slots
             .iter()
-            .zip(&jobs)
-            .map(|(&s, j)| (s, j.prompt_ids.as_slice()))
+            .zip(&prefills)
+            .map(|(&s, ids)| (s, ids.as_slice()))
             .collect();
         let logits = self.model.prefill(&mut self.batch, &prompts)?;
         self.stats.prefills += 1;
         self.sample_into(&new_slots, &logits, done)
+    }
+
+    /// Frees blocks for the next decode step when the budget is short: preempts the rows that
+    /// entered last, back to the head of the queue with what they generated.
+    fn preempt_for_step(&mut self, active: &[usize]) {
+        let mut active = active.to_vec();
+        while let Some(free) = self.batch.free_blocks() {
+            if self.batch.blocks_for_step(&active) <= free || active.len() <= 1 {
+                break;
+            }
+            let (i, &slot) = active
+                .iter()
+                .enumerate()
+                .max_by_key(|(_, &s)| self.rows[s].as_ref().map_or(0, |r| r.admitted))
+                .expect("rows in flight");
+            active.remove(i);
+            let row = self.rows[slot].take().expect("active row");
+            self.batch.release(slot);
+            self.queue.push_front(Queued::Preempted(row));
+            self.stats.preemptions += 1;
+        }
     }
 
     /// Samples one token per listed slot from `logits` (rows in the order of `slots`), then

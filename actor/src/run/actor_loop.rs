@@ -68,14 +68,19 @@ pub fn run_actor_with(opts: ActorOptions, stop: Arc<AtomicBool>) -> Result<RunSu
     let version = start.version;
     let chat = Arc::new(start.chat);
     let stop_ids = chat.tokenizer().special().stop_ids();
-    let mut engine = Engine::new(
+    let kv_tokens = opts
+        .config
+        .actor_kv_tokens(start.model.config().max_position_embeddings);
+    let mut engine = Engine::with_kv_budget(
         start.model,
         version,
         opts.config.actor.gen_batch.max(1),
         stop_ids,
+        kv_tokens,
     )?;
     tracing::info!(
         device = ?opts.device,
+        kv_cache_tokens = kv_tokens,
         sampler = if engine.samples_on_device() { "cuda" } else { "cpu" },
         "generation engine ready"
     );
@@ -356,5 +361,6 @@ fn actor_event(
         peak_heap_mb: cascade_shared::metrics::heap_peak_mb(),
         held: Some(holds),
         held_s: Some(held_s),
+        kv_preemptions: Some(engine.stats().preemptions),
     }
 }

@@ -83,6 +83,13 @@ knobs! {
     gen_batch: usize = 8, flag "gen-batch";
     /// Max new tokens when a stage sets no `max_response_tokens`.
     max_new_tokens: usize = 512, flag "max-new-tokens";
+    /// Tokens of the KV cache an actor's `gen_batch` rows share (paged, allocated in full when
+    /// the actor starts generating). 0 = `gen_batch` × (2048 prompt tokens + the longest
+    /// response of any RL stage), capped at the model's context per row. A smaller budget runs
+    /// `gen_batch` rows in less memory when most responses are short: a row waits for free
+    /// blocks, and when the cache fills mid-decode the newest row is preempted and later
+    /// prefilled again (same sample keys). It must hold one row of prompt + max response.
+    kv_cache_tokens: usize = 0, flag "kv-cache-tokens";
     /// Sampling temperature outside training stages (evaluation, `inspect`); 0 = greedy.
     temperature: f32 = 1.0, flag "temperature";
     /// Nucleus sampling threshold, 0 < top_p ≤ 1 (1 = off).

@@ -122,6 +122,10 @@ impl ConfigArgs {
     }
 }
 
+/// Prompt tokens per row that an automatic KV-cache budget (`actor.kv_cache_tokens = 0`)
+/// allows for.
+pub const AUTO_KV_PROMPT_TOKENS: usize = 2048;
+
 impl RunConfig {
     /// Reads, overrides and validates a config file. Relative paths in it are resolved
     /// against the file's directory.
@@ -175,6 +179,28 @@ impl RunConfig {
             })?;
         config.base_dir = base_dir.to_path_buf();
         Ok(config)
+    }
+
+    /// The longest response of any RL stage (`actor.max_new_tokens` where a stage sets none).
+    pub fn longest_response(&self) -> usize {
+        self.stages
+            .iter()
+            .filter(|s| s.is_rl())
+            .map(|s| s.longest_response(self.actor.max_new_tokens))
+            .max()
+            .unwrap_or(self.actor.max_new_tokens)
+    }
+
+    /// The KV-cache budget of each actor, in tokens, for a policy of `context` tokens
+    /// (`max_position_embeddings`): `actor.kv_cache_tokens`, or when 0, `gen_batch` rows of
+    /// [`AUTO_KV_PROMPT_TOKENS`] + the longest response of any RL stage, each capped at the
+    /// context.
+    pub fn actor_kv_tokens(&self, context: usize) -> usize {
+        if self.actor.kv_cache_tokens > 0 {
+            return self.actor.kv_cache_tokens;
+        }
+        let row = context.min(AUTO_KV_PROMPT_TOKENS + self.longest_response());
+        self.actor.gen_batch.max(1) * row.max(1)
     }
 
     /// Cross-field checks: a non-empty stage list with unique names, SFT stages before RL

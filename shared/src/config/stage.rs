@@ -367,6 +367,18 @@ impl StageConfig {
         }
     }
 
+    /// The longest `max_response_tokens` of this stage over its curriculum (`default` when
+    /// it sets none).
+    pub fn longest_response(&self, default: usize) -> usize {
+        match &self.max_response_tokens {
+            None => default,
+            Some(MaxResponseTokens::Fixed(n)) => *n,
+            Some(MaxResponseTokens::Curriculum(lengths)) => {
+                lengths.iter().copied().max().unwrap_or(0)
+            }
+        }
+    }
+
     /// Staleness bound of this stage.
     pub fn max_staleness_or(&self, learner_default: u64) -> u64 {
         self.max_staleness.unwrap_or(learner_default)
@@ -522,13 +534,7 @@ impl StageConfig {
         if budget == 0 || !self.is_rl() {
             return Ok(());
         }
-        let longest = match &self.max_response_tokens {
-            None => default_max_new,
-            Some(MaxResponseTokens::Fixed(n)) => *n,
-            Some(MaxResponseTokens::Curriculum(lengths)) => {
-                lengths.iter().copied().max().unwrap_or(0)
-            }
-        };
+        let longest = self.longest_response(default_max_new);
         if budget <= longest {
             return Err(invalid(
                 "learner.token_budget",

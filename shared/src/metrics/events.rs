@@ -405,6 +405,10 @@ pub struct ActorEvent {
     /// Seconds so far spent waiting in those holds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub held_s: Option<f64>,
+    /// Rows preempted so far because the KV cache (`actor.kv_cache_tokens`) was full; each was
+    /// prefilled again later.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_preemptions: Option<u64>,
 }
 
 /// Scores of one mode in an [`Eval`] (`by_mode.think`, `by_mode.no_think`).

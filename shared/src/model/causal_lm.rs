@@ -8,6 +8,7 @@ use candle_core::{DType, Device, Module, Tensor};
 use super::config::parameter_shapes;
 use super::config::ModelConfig;
 use super::flash_attn::{flash_attn, Segments};
+use super::paged::{self, PagedAttention};
 use super::layers::{apply_rotary, softmax_last, Linear, Mlp, OpsMode, RmsNorm, Rotary};
 use super::recompute::{
     checkpoint_layer, chunked_logprob_sum, chunked_logprobs, logits_chunk_rows, Recomputable,
@@ -35,19 +36,29 @@ pub(crate) enum AttnMask<'a> {
     Dense(&'a Tensor),
     /// Segments of the fused op (full-sequence forward only: keys are the queries).
     Segments(&'a Arc<Segments>),
+    /// No mask: the keys each query sees are listed by [`KvMode::Paged`] (a decode step).
+    Paged,
 }
 
 /// Where a layer finds and stores keys/values during a forward pass.
 pub(crate) enum KvMode<'a> {
     /// Attend over this call's own keys/values only (full-sequence forward).
     Own,
-    /// Attend over this call's keys/values and return them (prefill of a decode batch).
-    OwnAndReturn(&'a mut Vec<(Tensor, Tensor)>),
-    /// Write this call's keys/values into per-layer buffers `(b, kv_heads, capacity, hd)` at
-    /// column `offset`, then attend over columns `0..offset + s`.
-    Buffers {
-        layers: &'a [(Tensor, Tensor)],
-        offset: usize,
+    /// Attend over this call's keys/values and copy them into the per-layer paged pools
+    /// `(pool_rows, kv_heads, hd)` (the prefill of a decode batch): of the `(b * s)` tokens,
+    /// those `take` lists (all when `None`) go to pool rows `rows`, in order.
+    OwnAndWrite {
+        pools: &'a [(Tensor, Tensor)],
+        take: Option<&'a Tensor>,
+        rows: &'a Tensor,
+    },
+    /// One decode step (one query per batch row): write each row's key/value into the
+    /// per-layer paged pools `(pool_rows, kv_heads, hd)` at pool row `rows[b]`, then attend
+    /// over the pool rows the op's table lists.
+    Paged {
+        pools: &'a [(Tensor, Tensor)],
+        rows: &'a Tensor,
+        attention: &'a PagedAttention,
     },
 }
 
@@ -125,20 +136,46 @@ impl Attention {
         let (layer_kv, layer) = kv;
         let (k_all, v_all) = match layer_kv {
             KvMode::Own => (k, v),
-            KvMode::OwnAndReturn(out) => {
-                out.push((k.clone(), v.clone()));
+            KvMode::OwnAndWrite { pools, take, rows } => {
+                let (kp, vp) = &pools[layer];
+                for (src, pool) in [(&k, kp), (&v, vp)] {
+                    // (b, n_kv, s, hd) -> (b * s, n_kv, hd), the listed tokens only.
+                    let src = src.transpose(1, 2)?.reshape((b * s, nkv, hd))?;
+                    let src = match take {
+                        Some(take) => src.index_select(take, 0)?,
+                        None => src,
+                    };
+                    paged::write_rows(pool, &src, rows)?;
+                }
                 (k, v)
             }
-            KvMode::Buffers { layers, offset } => {
-                let (kb, vb) = &layers[layer];
-                kb.slice_set(&k, 2, *offset)?;
-                vb.slice_set(&v, 2, *offset)?;
-                (kb.narrow(2, 0, *offset + s)?, vb.narrow(2, 0, *offset + s)?)
+            KvMode::Paged {
+                pools,
+                rows,
+                attention,
+            } => {
+                if s != 1 {
+                    return Err(ModelError::Config(format!(
+                        "a paged decode step takes one token per row, not {s}"
+                    )));
+                }
+                // 4'. Paged: this token's k/v into the pools, then its query against the
+                //     row's cached keys, (b, heads, hd).
+                let (kp, vp) = &pools[layer];
+                paged::write_rows(kp, &k.reshape((b, nkv, hd))?, rows)?;
+                paged::write_rows(vp, &v.reshape((b, nkv, hd))?, rows)?;
+                let out = paged::attend(&q.reshape((b, nh, hd))?, kp, vp, attention)?;
+                return Ok(self.o.forward(&out.reshape((b, 1, nh * hd))?)?);
             }
         };
         let keys = k_all.dim(2)?;
         let bias = match mask {
             AttnMask::Dense(bias) => *bias,
+            AttnMask::Paged => {
+                return Err(ModelError::Config(
+                    "a paged mask without the paged cache".into(),
+                ))
+            }
             AttnMask::Segments(segments) => {
                 if keys != s {
                     return Err(ModelError::Config(format!(
@@ -499,7 +536,7 @@ impl CausalLm {
     /// Whether the full-sequence forward can use the fused attention on this device and dtype.
     /// (The CPU kernel; the CUDA kernel when built with the `cuda` feature: f32/bf16, head dim
     /// up to 128.)
-    fn fused_attention(&self) -> bool {
+    pub(crate) fn fused_attention(&self) -> bool {
         self.attention == AttentionImpl::Fused
             && super::flash_attn::supported(&self.device, self.dtype, self.cfg.head_dim())
     }
@@ -533,7 +570,7 @@ impl CausalLm {
     }
 
     /// [`CausalLm::run_layers`] with either mask.
-    fn run_layers_masked(
+    pub(crate) fn run_layers_masked(
         &self,
         input_ids: &Tensor,
         positions: &Tensor,
@@ -558,6 +595,11 @@ impl CausalLm {
                 let mask = match *mask {
                     AttnMask::Dense(bias) => OwnedMask::Dense(bias.clone()),
                     AttnMask::Segments(s) => OwnedMask::Segments(s.clone()),
+                    AttnMask::Paged => {
+                        return Err(ModelError::Config(
+                            "checkpointing a decode step".into(),
+                        ))
+                    }
                 };
                 let block = |block| CheckpointedLayer {
                     layer: layer.clone(),

@@ -1,42 +1,80 @@
-//! Batched incremental decoding with a KV cache over ragged rows.
+//! Batched incremental decoding over a paged KV cache.
 //!
-//! A [`DecodeBatch`] has a fixed number of slots. Each slot holds one sequence; sequences of
-//! different lengths share one cache time axis, right-aligned: a slot's tokens occupy the
-//! columns `start..len` and everything left of `start` is masked out (the "left padding"
-//! layout, kept up to date as slots are refilled). Finished slots are released and refilled
-//! with new prompts by [`CausalLm::prefill`] while the other slots keep decoding
-//! (continuous batching).
+//! A [`DecodeBatch`] has a fixed number of slots. Each slot holds one sequence whose keys and
+//! values sit in blocks of [`BLOCK_TOKENS`] tokens of a shared pool ([`super::paged`]): no
+//! padding between sequences of different lengths, nothing copied when a sequence starts, grows
+//! or ends. Finished slots are released (their blocks return to the free list) and refilled
+//! with new prompts by [`CausalLm::prefill`] while the other slots keep decoding (continuous
+//! batching).
+//!
+//! The pool either has a fixed budget ([`DecodeBatch::with_kv_budget`]: allocated in full on
+//! first use, so the cache's memory is known before the first token) or grows as needed
+//! ([`DecodeBatch::new`]). With a budget, a call that needs more blocks than are free fails with
+//! [`ModelError::KvFull`] and changes nothing; [`DecodeBatch::free_blocks`] and
+//! [`DecodeBatch::blocks_for_step`] let a scheduler check first.
+
+use std::sync::Arc;
 
 use candle_core::Tensor;
 
-use super::causal_lm::{full_sequence_layout, CausalLm, KvMode};
+use super::causal_lm::{full_sequence_layout, AttnMask, CausalLm, KvMode};
+use super::flash_attn::Segments;
 use super::layers::OpsMode;
+use super::paged::{PageTable, PagedAttention, BLOCK_TOKENS};
 use super::{ModelError, Result};
 
-/// Per-slot state and the per-layer key/value buffers of a decode batch.
+/// Prompt tokens a scheduler should prefill in one call (more rows wait for the next step;
+/// a single longer row still goes alone): bounds the prefill's activations, which are linear
+/// in its tokens.
+pub const PREFILL_TOKENS: usize = 8192;
+
+/// Per-slot block tables and the per-layer key/value pools of a decode batch.
 #[derive(Debug)]
 pub struct DecodeBatch {
     slots: usize,
-    /// Per layer `(keys, values)`, each `(slots, n_kv, capacity, head_dim)`.
-    layers: Vec<(Tensor, Tensor)>,
-    /// Columns in use.
-    len: usize,
-    /// First valid column of each active slot.
-    start: Vec<Option<usize>>,
-    /// Position of the next token of each slot (= tokens so far).
-    next_pos: Vec<u32>,
+    /// The most blocks the pool may hold (`None`: grows as needed).
+    max_blocks: Option<usize>,
+    /// Per layer `(keys, values)`, each `(blocks × BLOCK_TOKENS, kv_heads, head_dim)`; empty
+    /// until the first prefill.
+    pool: Vec<(Tensor, Tensor)>,
+    /// Blocks allocated in `pool`.
+    blocks: usize,
+    /// Free block ids, the lowest last (taken first).
+    free: Vec<u32>,
+    /// Blocks of each slot's sequence, in order.
+    tables: Vec<Vec<u32>>,
+    /// Tokens cached per slot (= the position of its next token).
+    lens: Vec<usize>,
+    active: Vec<bool>,
 }
 
 impl DecodeBatch {
-    /// An empty batch with `slots` rows.
+    /// An empty batch with `slots` rows whose cache grows as needed.
     pub fn new(slots: usize) -> DecodeBatch {
         DecodeBatch {
             slots,
-            layers: Vec::new(),
-            len: 0,
-            start: vec![None; slots],
-            next_pos: vec![0; slots],
+            max_blocks: None,
+            pool: Vec::new(),
+            blocks: 0,
+            free: Vec::new(),
+            tables: vec![Vec::new(); slots],
+            lens: vec![0; slots],
+            active: vec![false; slots],
         }
+    }
+
+    /// An empty batch with `slots` rows sharing a cache of `tokens` tokens (rounded up to whole
+    /// blocks), allocated in full by the first prefill.
+    pub fn with_kv_budget(slots: usize, tokens: usize) -> DecodeBatch {
+        DecodeBatch {
+            max_blocks: Some(Self::blocks_for(tokens)),
+            ..DecodeBatch::new(slots)
+        }
+    }
+
+    /// Blocks that hold `tokens` tokens.
+    pub fn blocks_for(tokens: usize) -> usize {
+        tokens.div_ceil(BLOCK_TOKENS)
     }
 
     /// Number of slots.
@@ -46,117 +84,143 @@ impl DecodeBatch {
 
     /// Whether `slot` holds a sequence.
     pub fn is_active(&self, slot: usize) -> bool {
-        self.start.get(slot).is_some_and(Option::is_some)
+        self.active.get(slot).copied().unwrap_or(false)
     }
 
     /// Slots without a sequence.
     pub fn free_slots(&self) -> Vec<usize> {
-        (0..self.slots).filter(|&s| !self.is_active(s)).collect()
+        (0..self.slots).filter(|&s| !self.active[s]).collect()
     }
 
     /// Slots with a sequence.
     pub fn active_slots(&self) -> Vec<usize> {
-        (0..self.slots).filter(|&s| self.is_active(s)).collect()
+        (0..self.slots).filter(|&s| self.active[s]).collect()
     }
 
     /// Number of tokens (prompt + generated) of a slot's sequence.
     pub fn seq_len(&self, slot: usize) -> usize {
-        self.next_pos[slot] as usize
+        self.lens[slot]
     }
 
-    /// Frees a slot; its columns are reclaimed at the next compaction.
+    /// Frees a slot and returns its blocks to the free list.
     pub fn release(&mut self, slot: usize) {
-        self.start[slot] = None;
-        self.next_pos[slot] = 0;
+        let blocks = std::mem::take(&mut self.tables[slot]);
+        self.free.extend(blocks.into_iter().rev());
+        self.free.sort_unstable_by(|a, b| b.cmp(a));
+        self.active[slot] = false;
+        self.lens[slot] = 0;
     }
 
-    /// Cache columns currently allocated (for memory accounting).
+    /// Releases every slot and puts the free list back in its first order, keeping the pool:
+    /// what is decoded next uses the same blocks as in a new batch.
+    pub fn clear(&mut self) {
+        for slot in 0..self.slots {
+            self.tables[slot].clear();
+            self.active[slot] = false;
+            self.lens[slot] = 0;
+        }
+        self.free = (0..self.blocks as u32).rev().collect();
+    }
+
+    /// Tokens the pool holds now (allocated blocks × [`BLOCK_TOKENS`]).
     pub fn capacity(&self) -> usize {
-        self.layers
-            .first()
-            .and_then(|(k, _)| k.dim(2).ok())
-            .unwrap_or(0)
+        self.blocks * BLOCK_TOKENS
     }
 
-    /// Rebuilds the buffers with the live columns right-aligned at `new_len`, optionally
-    /// placing new sequences (`(slot, keys/values per layer (1, n_kv, L, hd), tokens)`) whose
-    /// last column is `new_len - 1`, with room for `headroom` more columns.
-    fn rebuild(
-        &mut self,
-        new_rows: &[(usize, usize)],
-        new_kv: Option<&[(Tensor, Tensor)]>,
-        new_width: usize,
-        headroom: usize,
-        model: &CausalLm,
-    ) -> Result<()> {
-        let live_start = (0..self.slots)
-            .filter(|s| !new_rows.iter().any(|(r, _)| r == s))
-            .filter_map(|s| self.start[s])
-            .min()
-            .unwrap_or(self.len);
-        let live = self.len - live_start;
-        let width = live.max(new_width);
-        let cap = width + headroom;
+    /// The budget in tokens (whole blocks), or `None` for a cache that grows as needed.
+    pub fn kv_budget(&self) -> Option<usize> {
+        self.max_blocks.map(|b| b * BLOCK_TOKENS)
+    }
+
+    /// Blocks that can still be given out: the free ones plus those the budget has not
+    /// allocated yet (`None`: no budget).
+    pub fn free_blocks(&self) -> Option<usize> {
+        self.max_blocks
+            .map(|max| self.free.len() + max.saturating_sub(self.blocks))
+    }
+
+    /// Blocks the next [`CausalLm::decode_step`] over `slots` takes from the free list: one for
+    /// each slot whose last block is full.
+    pub fn blocks_for_step(&self, slots: &[usize]) -> usize {
+        slots
+            .iter()
+            .filter(|&&s| self.lens[s] == self.tables[s].len() * BLOCK_TOKENS)
+            .count()
+    }
+
+    /// A [`ModelError::KvFull`] for `needed` more blocks.
+    fn full(&self, needed: usize) -> ModelError {
+        ModelError::KvFull {
+            needed: needed * BLOCK_TOKENS,
+            free: self.free_blocks().unwrap_or(0) * BLOCK_TOKENS,
+            budget: self.kv_budget().unwrap_or(0),
+        }
+    }
+
+    /// Makes sure `n` blocks are free, allocating (the whole budget on first use, else growing
+    /// the pool) when needed. Changes nothing on error.
+    fn reserve(&mut self, n: usize, model: &CausalLm) -> Result<()> {
+        if self.free.len() >= n {
+            return Ok(());
+        }
+        let wanted = self.blocks + n - self.free.len();
+        let target = match self.max_blocks {
+            Some(max) if wanted > max => return Err(self.full(n)),
+            Some(max) => max,
+            None => wanted.max(2 * self.blocks).max(self.slots),
+        };
         let cfg = model.config();
         let (nkv, hd) = (cfg.num_kv_heads(), cfg.head_dim());
-        let zeros = Tensor::zeros((1, nkv, cap, hd), model.dtype(), model.device())?;
-        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
-        for l in 0..cfg.num_hidden_layers {
-            let mut ks = Vec::with_capacity(self.slots);
-            let mut vs = Vec::with_capacity(self.slots);
-            for s in 0..self.slots {
-                if let Some(idx) = new_rows.iter().position(|(r, _)| *r == s) {
-                    let (k, v) = &new_kv.expect("new rows come with their kv")[l];
-                    let pad = |t: &Tensor| -> Result<Tensor> {
-                        Ok(t.narrow(0, idx, 1)?.pad_with_zeros(
-                            2,
-                            width - new_width,
-                            cap - width,
-                        )?)
-                    };
-                    ks.push(pad(k)?);
-                    vs.push(pad(v)?);
-                } else if self.start[s].is_some() && live > 0 {
-                    let (k, v) = &self.layers[l];
-                    let take = |t: &Tensor| -> Result<Tensor> {
-                        Ok(t.narrow(0, s, 1)?
-                            .narrow(2, live_start, live)?
-                            .pad_with_zeros(2, width - live, cap - width)?)
-                    };
-                    ks.push(take(k)?);
-                    vs.push(take(v)?);
-                } else {
-                    ks.push(zeros.clone());
-                    vs.push(zeros.clone());
-                }
-            }
-            layers.push((
-                Tensor::cat(&ks, 0)?.contiguous()?,
-                Tensor::cat(&vs, 0)?.contiguous()?,
-            ));
-        }
-        for s in 0..self.slots {
-            if let Some((_, tokens)) = new_rows.iter().find(|(r, _)| *r == s) {
-                self.start[s] = Some(width - tokens);
-            } else if let Some(st) = self.start[s] {
-                self.start[s] = Some(st - live_start + (width - live));
-            }
-        }
-        self.layers = layers;
-        self.len = width;
+        let extra = target - self.blocks;
+        let zeros = Tensor::zeros(
+            (extra * BLOCK_TOKENS, nkv, hd),
+            model.dtype(),
+            model.device(),
+        )?;
+        let pool = if self.pool.is_empty() {
+            // Two tensors per layer (keys and values), never shared.
+            (0..cfg.num_hidden_layers)
+                .map(|_| -> Result<(Tensor, Tensor)> { Ok((zeros.copy()?, zeros.copy()?)) })
+                .collect::<Result<Vec<_>>>()?
+        } else {
+            self.pool
+                .iter()
+                .map(|(k, v)| -> Result<(Tensor, Tensor)> {
+                    Ok((Tensor::cat(&[k, &zeros], 0)?, Tensor::cat(&[v, &zeros], 0)?))
+                })
+                .collect::<Result<Vec<_>>>()?
+        };
+        self.pool = pool;
+        // New ids go under the free ones (lowest last, taken first).
+        let mut ids: Vec<u32> = (self.blocks as u32..target as u32).rev().collect();
+        ids.append(&mut self.free);
+        ids.sort_unstable_by(|a, b| b.cmp(a));
+        self.free = ids;
+        self.blocks = target;
         Ok(())
+    }
+
+    /// Takes a free block (after [`DecodeBatch::reserve`]).
+    fn take(&mut self) -> u32 {
+        self.free.pop().expect("blocks reserved")
+    }
+
+    /// The pool row of token `i` of `slot`.
+    fn pool_row(&self, slot: usize, i: usize) -> u32 {
+        (self.tables[slot][i / BLOCK_TOKENS] as usize * BLOCK_TOKENS + i % BLOCK_TOKENS) as u32
     }
 }
 
 impl CausalLm {
     /// Puts new sequences into free (or released) slots and runs their prompts. Returns the
     /// logits of each prompt's last token, `(rows.len(), vocab)` f32, in the order of `rows`.
+    /// A slot that still holds a sequence is released first. With a KV budget that cannot hold
+    /// the prompts, [`ModelError::KvFull`] and nothing changes.
     pub fn prefill(&self, batch: &mut DecodeBatch, rows: &[(usize, &[u32])]) -> Result<Tensor> {
         if rows.is_empty() {
             return Err(ModelError::Config("prefill needs at least one row".into()));
         }
         let max_pos = self.config().max_position_embeddings;
-        let width = rows.iter().map(|(_, p)| p.len()).max().unwrap_or(0);
         for (slot, prompt) in rows {
             if *slot >= batch.slots {
                 return Err(ModelError::Config(format!(
@@ -186,42 +250,134 @@ impl CausalLm {
                 return Err(ModelError::Config(format!("slot {slot} listed twice")));
             }
         }
-        // 1. Left-padded mini-batch of the new prompts: (n, width).
+        // 1. Blocks for every prompt (the blocks of slots being replaced count as free).
+        let needed: usize = rows
+            .iter()
+            .map(|(_, p)| DecodeBatch::blocks_for(p.len()))
+            .sum();
+        let returned: usize = rows.iter().map(|(s, _)| batch.tables[*s].len()).sum();
+        if let Some(free) = batch.free_blocks() {
+            if needed > free + returned {
+                return Err(batch.full(needed));
+            }
+        }
+        for (slot, _) in rows {
+            if batch.active[*slot] {
+                batch.release(*slot);
+            }
+        }
+        batch.reserve(needed, self)?;
+        for (slot, prompt) in rows {
+            let blocks = (0..DecodeBatch::blocks_for(prompt.len()))
+                .map(|_| batch.take())
+                .collect();
+            batch.tables[*slot] = blocks;
+            batch.lens[*slot] = prompt.len();
+            batch.active[*slot] = true;
+        }
+        // 2. Where each prompt token's key/value goes.
+        let pool_rows: Vec<u32> = rows
+            .iter()
+            .flat_map(|(slot, p)| (0..p.len()).map(move |i| (*slot, i)))
+            .map(|(slot, i)| batch.pool_row(slot, i))
+            .collect();
+        let to = Tensor::from_vec(pool_rows, rows_tokens(rows), self.device())?;
+        // 3. Run the prompts, each layer writing its keys/values into the slots' blocks.
+        let last = if self.fused_attention() {
+            self.prefill_packed(rows, &batch.pool, &to)?
+        } else {
+            self.prefill_padded(rows, &batch.pool, &to)?
+        };
+        let logits = self.lm_head(&last)?;
+        Ok(logits)
+    }
+
+    /// The prompts packed into one row of segments, through the fused attention (no padding,
+    /// no `t × t` mask), their keys/values written to pool rows `to`. Returns the last token's
+    /// hidden state of each prompt, `(n, hidden)`.
+    fn prefill_packed(
+        &self,
+        rows: &[(usize, &[u32])],
+        pools: &[(Tensor, Tensor)],
+        to: &Tensor,
+    ) -> Result<Tensor> {
+        let total: usize = rows.iter().map(|(_, p)| p.len()).sum();
+        let mut ids = Vec::with_capacity(total);
+        let mut pos = Vec::with_capacity(total);
+        let mut segments = Vec::with_capacity(rows.len());
+        let mut last = Vec::with_capacity(rows.len());
+        for (_, prompt) in rows {
+            let start = ids.len();
+            ids.extend_from_slice(prompt);
+            pos.extend(0..prompt.len() as u32);
+            segments.push((start, ids.len()));
+            last.push(ids.len() as u32 - 1);
+        }
+        let segments = Segments::new(total, vec![segments]).map_err(candle_core::Error::wrap)?;
+        let dev = self.device();
+        let ids = Tensor::from_vec(ids, (1, total), dev)?;
+        let pos = Tensor::from_vec(pos, (1, total), dev)?;
+        let mask = AttnMask::Segments(&Arc::new(segments));
+        let hidden = self.run_layers_masked(
+            &ids,
+            &pos,
+            &mask,
+            OpsMode::Infer,
+            KvMode::OwnAndWrite {
+                pools,
+                take: None,
+                rows: to,
+            },
+        )?;
+        let n = last.len();
+        let last = Tensor::from_vec(last, n, dev)?;
+        Ok(hidden.squeeze(0)?.index_select(&last, 0)?)
+    }
+
+    /// The prompts left-padded to the longest, through the unfused attention with a dense
+    /// mask (where the fused op has no kernel); the real tokens' keys/values written to pool
+    /// rows `to`. Returns the last token's hidden state of each prompt, `(n, hidden)`.
+    fn prefill_padded(
+        &self,
+        rows: &[(usize, &[u32])],
+        pools: &[(Tensor, Tensor)],
+        to: &Tensor,
+    ) -> Result<Tensor> {
         let n = rows.len();
+        let width = rows.iter().map(|(_, p)| p.len()).max().unwrap_or(0);
         let mut ids = vec![0u32; n * width];
         let mut mask = vec![0u8; n * width];
+        let mut take = Vec::with_capacity(rows_tokens(rows));
         for (r, (_, prompt)) in rows.iter().enumerate() {
             let off = r * width + width - prompt.len();
             ids[off..off + prompt.len()].copy_from_slice(prompt);
             mask[off..off + prompt.len()].fill(1);
+            take.extend(off as u32..(off + prompt.len()) as u32);
         }
-        let ids = Tensor::from_vec(ids, (n, width), self.device())?;
-        let mask = Tensor::from_vec(mask, (n, width), self.device())?;
-        let (positions, bias) = full_sequence_layout(&ids, Some(&mask), self.device())?;
-        // 2. Run it, keeping each layer's keys/values.
-        let mut kv = Vec::new();
+        let dev = self.device();
+        let ids = Tensor::from_vec(ids, (n, width), dev)?;
+        let mask = Tensor::from_vec(mask, (n, width), dev)?;
+        let (positions, bias) = full_sequence_layout(&ids, Some(&mask), dev)?;
+        let take = Tensor::from_vec(take, to.elem_count(), dev)?;
         let hidden = self.run_layers(
             &ids,
             &positions,
             &bias,
             OpsMode::Infer,
-            KvMode::OwnAndReturn(&mut kv),
+            KvMode::OwnAndWrite {
+                pools,
+                take: Some(&take),
+                rows: to,
+            },
         )?;
-        let last = hidden.narrow(1, width - 1, 1)?.squeeze(1)?; // (n, hidden)
-        let logits = self.lm_head(&last)?;
-        // 3. Merge into the batch's buffers, right-aligned.
-        let new_rows: Vec<(usize, usize)> = rows.iter().map(|(s, p)| (*s, p.len())).collect();
-        let headroom = 32.max(width);
-        batch.rebuild(&new_rows, Some(&kv), width, headroom, self)?;
-        for (slot, prompt) in rows {
-            batch.next_pos[*slot] = prompt.len() as u32;
-        }
-        Ok(logits)
+        Ok(hidden.narrow(1, width - 1, 1)?.squeeze(1)?) // (n, hidden)
     }
 
     /// Feeds one token to every active slot and returns the next-token logits,
     /// `(tokens.len(), vocab)` f32, in the order of `tokens`. Every active slot must be listed
-    /// exactly once (a slot that should stop is released first).
+    /// exactly once (a slot that should stop is released first). With a KV budget whose free
+    /// blocks do not cover [`DecodeBatch::blocks_for_step`], [`ModelError::KvFull`] and
+    /// nothing changes.
     pub fn decode_step(&self, batch: &mut DecodeBatch, tokens: &[(usize, u32)]) -> Result<Tensor> {
         let active = batch.active_slots();
         if tokens.len() != active.len()
@@ -244,58 +400,59 @@ impl CausalLm {
                     vocab: self.config().vocab_size,
                 });
             }
-            if batch.next_pos[slot] as usize >= max_pos {
+            if batch.lens[slot] >= max_pos {
                 return Err(ModelError::TooLong {
-                    len: batch.next_pos[slot] as usize + 1,
+                    len: batch.lens[slot] + 1,
                     max: max_pos,
                 });
             }
         }
-        // 1. Make room for one more column (compacting away columns no live slot uses).
-        if batch.len + 1 > batch.capacity() {
-            let headroom = 32.max(batch.len);
-            batch.rebuild(&[], None, 0, headroom, self)?;
-        }
-        let slots = batch.slots;
-        let offset = batch.len;
-        // 2. Inputs for every slot (free slots decode a dummy token that nobody reads).
-        let mut ids = vec![0u32; slots];
-        let mut pos = vec![0u32; slots];
-        for &(slot, tok) in tokens {
-            ids[slot] = tok;
-            pos[slot] = batch.next_pos[slot];
-        }
-        let keys = offset + 1;
-        let mut bias = vec![f32::NEG_INFINITY; slots * keys];
-        for s in 0..slots {
-            match batch.start[s] {
-                Some(st) => bias[s * keys + st..(s + 1) * keys].fill(0.0),
-                None => bias[s * keys + offset] = 0.0,
+        // 1. A new block for every slot whose last one is full.
+        let slots: Vec<usize> = tokens.iter().map(|(s, _)| *s).collect();
+        let needed = batch.blocks_for_step(&slots);
+        batch.reserve(needed, self)?;
+        for &slot in &slots {
+            if batch.lens[slot] == batch.tables[slot].len() * BLOCK_TOKENS {
+                let block = batch.take();
+                batch.tables[slot].push(block);
             }
         }
+        // 2. Inputs, where each token's key/value goes, and what each row reads (itself
+        //    included).
         let dev = self.device();
-        let ids = Tensor::from_vec(ids, (slots, 1), dev)?;
-        let positions = Tensor::from_vec(pos, (slots, 1), dev)?;
-        let bias = Tensor::from_vec(bias, (slots, 1, 1, keys), dev)?;
-        // 3. One step through the stack, writing k/v at column `offset`.
-        let hidden = self.run_layers(
+        let n = tokens.len();
+        let ids: Vec<u32> = tokens.iter().map(|(_, t)| *t).collect();
+        let pos: Vec<u32> = slots.iter().map(|&s| batch.lens[s] as u32).collect();
+        let rows: Vec<u32> = slots
+            .iter()
+            .map(|&s| batch.pool_row(s, batch.lens[s]))
+            .collect();
+        let table: Vec<(&[u32], usize)> = slots
+            .iter()
+            .map(|&s| (batch.tables[s].as_slice(), batch.lens[s] + 1))
+            .collect();
+        let table = PageTable::new(&table).map_err(ModelError::Config)?;
+        let scale = 1.0 / (self.config().head_dim() as f32).sqrt();
+        let attention = PagedAttention::new(Arc::new(table), scale);
+        let ids = Tensor::from_vec(ids, (n, 1), dev)?;
+        let positions = Tensor::from_vec(pos, (n, 1), dev)?;
+        let rows = Tensor::from_vec(rows, n, dev)?;
+        // 3. One step through the stack.
+        let hidden = self.run_layers_masked(
             &ids,
             &positions,
-            &bias,
+            &AttnMask::Paged,
             OpsMode::Infer,
-            KvMode::Buffers {
-                layers: &batch.layers,
-                offset,
+            KvMode::Paged {
+                pools: &batch.pool,
+                rows: &rows,
+                attention: &attention,
             },
         )?;
-        let logits = self.lm_head(&hidden.squeeze(1)?)?; // (slots, vocab)
-        batch.len += 1;
-        for &(slot, _) in tokens {
-            batch.next_pos[slot] += 1;
+        for &slot in &slots {
+            batch.lens[slot] += 1;
         }
-        let order: Vec<u32> = tokens.iter().map(|(s, _)| *s as u32).collect();
-        let order = Tensor::from_vec(order, tokens.len(), dev)?;
-        Ok(logits.index_select(&order, 0)?.contiguous()?)
+        self.lm_head(&hidden.squeeze(1)?)
     }
 
     /// Greedy or externally sampled generation for one prompt, token by token (a convenience
@@ -321,6 +478,10 @@ impl CausalLm {
         }
         Ok(out)
     }
+}
+/// Tokens of all prompts of a prefill.
+fn rows_tokens(rows: &[(usize, &[u32])]) -> usize {
+    rows.iter().map(|(_, p)| p.len()).sum()
 }
 
 /// Index of the largest value (first one on ties).

@@ -14,6 +14,7 @@ pub mod flash_attn;
 mod fused;
 mod initial;
 mod layers;
+pub mod paged;
 mod recompute;
 mod simd;
 mod weights;
@@ -25,7 +26,7 @@ use candle_core::{DType, Device, Tensor, Var};
 
 pub use causal_lm::{compute_dtype, AttentionImpl, CausalLm};
 pub use config::{parameter_shapes, ModelConfig, ModelType};
-pub use decode::{argmax, DecodeBatch};
+pub use decode::{argmax, DecodeBatch, PREFILL_TOKENS};
 pub use initial::{initial_model, InitialModel, InitialModelError};
 pub use layers::{gather_logprobs, OpsMode};
 pub use weights::{check_tensors, random_weights, save_safetensors, Checkpoint};
@@ -97,6 +98,19 @@ pub enum ModelError {
         len: usize,
         /// The context size.
         max: usize,
+    },
+    /// A decode batch's KV-cache budget cannot hold what was asked of it.
+    #[error(
+        "the KV cache is full: {needed} more tokens needed, {free} free of a budget of {budget} \
+         tokens"
+    )]
+    KvFull {
+        /// Tokens the call needed.
+        needed: usize,
+        /// Tokens free (in whole blocks).
+        free: usize,
+        /// The batch's budget in tokens.
+        budget: usize,
     },
     /// A sequence of a full-sequence (training) batch longer than the model's context.
     #[error(

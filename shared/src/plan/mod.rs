@@ -244,9 +244,20 @@ pub fn plan(
     let learner_device = config.devices.learner;
     let learner_mm = MemoryModel::new(model, dtype_bytes(config.model.dtype, learner_device));
     let mut notes = vec![format!(
-        "prompts assumed at most {} tokens (--prompt-tokens); the actors' prefill and KV cache \
-         and the learner's RL sequences grow with it",
-        opts.prompt_tokens
+        "prompts assumed at most {} tokens (--prompt-tokens); the actors' prefill and the \
+         learner's RL sequences grow with it. Each actor's KV cache is {} tokens \
+         (actor.kv_cache_tokens{})",
+        opts.prompt_tokens,
+        config.actor_kv_tokens(model.max_position_embeddings),
+        if config.actor.kv_cache_tokens == 0 {
+            format!(
+                " = 0: actor.gen_batch × ({} prompt tokens + the longest response), each row \
+                 capped at the context",
+                crate::config::AUTO_KV_PROMPT_TOKENS
+            )
+        } else {
+            String::new()
+        }
     )];
     let mut assumed_rm = false;
     let stages = config
@@ -264,10 +275,10 @@ pub fn plan(
                     })
                 });
                 for (i, device) in actors.iter().enumerate() {
-                    processes.push(actor_use(config, stage, model, rm, i, *device, opts));
+                    processes.push(actor_use(config, model, rm, i, *device, opts));
                 }
             }
-            let devices = device_uses(&processes, opts, config);
+            let devices = device_uses(&processes, opts, config, model);
             StagePlan {
                 stage: stage.name.clone(),
                 processes,
@@ -458,9 +469,23 @@ fn learner_rank_use(
     items
 }
 
+/// What an actor's decoding adds to its weights with a KV cache of `kv_tokens` tokens.
+fn actor_decode(
+    config: &RunConfig,
+    model: &ModelConfig,
+    device: Device,
+    opts: &PlanOptions,
+    kv_tokens: usize,
+) -> Vec<Item> {
+    let mm = MemoryModel::new(model, dtype_bytes(config.model.dtype, device));
+    let packed = fused_attention_on(device, model, config.model.dtype);
+    let row = opts.prompt_tokens + config.longest_response();
+    let slots = config.actor.gen_batch.max(1);
+    mm.decode(slots, kv_tokens, (opts.prompt_tokens, row), packed)
+}
+
 fn actor_use(
     config: &RunConfig,
-    stage: &StageConfig,
     model: &ModelConfig,
     reward_model: Option<&ModelConfig>,
     index: usize,
@@ -468,12 +493,12 @@ fn actor_use(
     opts: &PlanOptions,
 ) -> ProcessUse {
     let mm = MemoryModel::new(model, dtype_bytes(config.model.dtype, device));
-    let slots = config.actor.gen_batch.max(1);
     let mut items = vec![Item {
         what: format!("policy weights ({})", mm.dtype_name()),
         bytes: mm.weights(),
     }];
-    items.extend(mm.decode(slots, opts.prompt_tokens, max_response(config, stage)));
+    let kv_tokens = config.actor_kv_tokens(model.max_position_embeddings);
+    items.extend(actor_decode(config, model, device, opts, kv_tokens));
     if let Some(rm) = reward_model {
         let rm = MemoryModel::new(rm, dtype_bytes(config.model.dtype, device));
         items.push(Item {
@@ -488,7 +513,12 @@ fn actor_use(
     }
 }
 
-fn device_uses(processes: &[ProcessUse], opts: &PlanOptions, config: &RunConfig) -> Vec<DeviceUse> {
+fn device_uses(
+    processes: &[ProcessUse],
+    opts: &PlanOptions,
+    config: &RunConfig,
+    model: &ModelConfig,
+) -> Vec<DeviceUse> {
     let mut used: BTreeMap<Device, u64> = BTreeMap::new();
     for p in processes {
         *used.entry(p.device).or_default() += p.total();
@@ -499,7 +529,9 @@ fn device_uses(processes: &[ProcessUse], opts: &PlanOptions, config: &RunConfig)
             let usable = capacity.map(|c| (c as f64 * (1.0 - opts.headroom)) as u64);
             let fits = usable.map(|u| used <= u);
             let advice = match (fits, usable) {
-                (Some(false), Some(usable)) => advise(processes, device, usable, config),
+                (Some(false), Some(usable)) => {
+                    advise(processes, device, usable, (config, model, opts))
+                }
                 _ => Vec::new(),
             };
             DeviceUse {
@@ -519,7 +551,7 @@ fn advise(
     processes: &[ProcessUse],
     device: Device,
     usable: u64,
-    config: &RunConfig,
+    (config, model, opts): (&RunConfig, &ModelConfig, &PlanOptions),
 ) -> Vec<String> {
     let on: Vec<&ProcessUse> = processes.iter().filter(|p| p.device == device).collect();
     let total: u64 = on.iter().map(|p| p.total()).sum();
@@ -572,23 +604,62 @@ fn advise(
                 ));
             }
         } else {
-            let kv = sum(p, "KV cache") + sum(p, "prefill");
-            if kv > 0 && kv >= over / on.len().max(1) as u64 {
-                let per_slot = kv / config.actor.gen_batch.max(1) as u64;
-                let fixed = p.total() - kv;
+            let cache = sum(p, "KV cache");
+            let prefill = sum(p, "prefill");
+            if cache + prefill > 0 && cache + prefill >= over / on.len().max(1) as u64 {
+                let block = crate::model::paged::BLOCK_TOKENS;
+                let tokens = config
+                    .actor_kv_tokens(model.max_position_embeddings)
+                    .div_ceil(block)
+                    * block;
+                // The largest cache (whole blocks) with which this process takes at most its
+                // share: the decode items are recounted, since a cache smaller than every row
+                // at its longest plans for a preempted row's prefill.
                 let share = usable / on.len().max(1) as u64;
-                let slots = share.saturating_sub(fixed) / per_slot.max(1);
+                let rest = p.total() - cache - prefill - sum(p, "logits");
+                let takes = |kv: usize| -> u64 {
+                    rest + actor_decode(config, model, device, opts, kv)
+                        .iter()
+                        .map(|i| i.bytes)
+                        .sum::<u64>()
+                };
+                let (mut lo, mut hi) = (0usize, tokens / block);
+                while lo < hi {
+                    let mid = (lo + hi).div_ceil(2);
+                    if takes(mid * block) <= share {
+                        lo = mid;
+                    } else {
+                        hi = mid - 1;
+                    }
+                }
+                let fit = lo * block;
+                let row = model
+                    .max_position_embeddings
+                    .min(opts.prompt_tokens + config.longest_response());
                 advice.push(format!(
-                    "{}: KV cache and prefill take {} at actor.gen_batch = {}; at most {} \
-                     fit{}",
+                    "{}: the KV cache takes {} ({tokens} tokens at actor.kv_cache_tokens = {}, \
+                     actor.gen_batch = {}) and the prefill {}; about {fit} tokens of cache \
+                     fit{}: set actor.kv_cache_tokens to at most that, the smallest any \
+                     stage advises (one cache serves every RL stage; rows then wait for \
+                     blocks, or are preempted and prefilled again, when it is full){}",
                     p.process,
-                    format_bytes(kv),
+                    format_bytes(cache),
+                    config.actor.kv_cache_tokens,
                     config.actor.gen_batch,
-                    slots,
+                    format_bytes(prefill),
                     if on.len() > 1 {
                         " with the device shared evenly"
                     } else {
                         ""
+                    },
+                    if fit < row {
+                        format!(
+                            ", though that is less than one row of prompt + longest response \
+                             ({row} tokens): lower max_response_tokens or use a device with \
+                             more memory"
+                        )
+                    } else {
+                        String::new()
                     }
                 ));
             }

@@ -282,36 +282,70 @@ impl MemoryModel {
         items
     }
 
-    /// What one actor's decoding adds to its weights: the KV cache of `slots` rows of
-    /// `prompt + response` tokens (twice while the batch is rebuilt around new rows: the old
-    /// and new buffers are both alive), the prefill of `slots` prompts at once (unfused attention
-    /// in inference: scores, their f32 copy with the mask, the probabilities and their cast, one
-    /// layer at a time, plus the mask), and the logits of a step.
-    pub fn decode(&self, slots: usize, prompt: usize, response: usize) -> Vec<Item> {
+    /// What one actor's decoding adds to its weights: its paged KV cache of `kv_tokens` tokens
+    /// (whole blocks, allocated in full: `shared/src/model/decode.rs`), the prefill of as many
+    /// of its `slots` prompts of `prompt` tokens as [`crate::model::PREFILL_TOKENS`] holds (at
+    /// least one; or one preempted row of `row` tokens, prompt and response, when the cache
+    /// cannot hold every row at its longest), and the logits of a step of `slots` rows. With the fused attention
+    /// (`packed`) the prompts run packed into one row and a layer's transients are linear in
+    /// their tokens (the larger of the attention and MLP blocks' per-token bytes, one layer at a
+    /// time); without it they run left-padded through the unfused attention (scores, their f32
+    /// copy with the mask, the probabilities and their cast, plus the mask). Each layer writes
+    /// its keys and values straight into the cache.
+    pub fn decode(
+        &self,
+        slots: usize,
+        kv_tokens: usize,
+        (prompt, row): (usize, usize),
+        packed: bool,
+    ) -> Vec<Item> {
+        let block = crate::model::paged::BLOCK_TOKENS as u64;
         let prompt = prompt.min(self.max_len);
-        let response = response.min(self.max_len - prompt);
-        let (s, p) = (slots as u64, prompt as u64);
+        let row = row.min(self.max_len);
+        // Rows per prefill call: as many prompts as PREFILL_TOKENS holds, at least one.
+        let per_call = (crate::model::PREFILL_TOKENS / prompt.max(1)).clamp(1, slots.max(1));
+        let (mut s, mut p) = (per_call as u64, prompt as u64);
+        // A cache smaller than every row at its longest can preempt a row, whose prompt and
+        // response are later prefilled again in one call.
+        if kv_tokens < slots * row && row > per_call * prompt {
+            (s, p) = (1, row as u64);
+        }
         let per_token_kv = self.layers * 2 * self.kv * self.b;
-        let kv = s * (p + response as u64) * per_token_kv;
+        let cached = (kv_tokens as u64).div_ceil(block) * block;
         let cast = if self.b != 4 { 4 + self.b } else { 0 };
-        vec![
+        let prefill = if packed {
             Item {
                 what: format!(
-                    "KV cache: {s} rows × {} tokens × {} per token, ×2 while rebuilt",
-                    p + response as u64,
-                    super::format_bytes(per_token_kv)
+                    "prefill of {s} prompts × {p} tokens packed (fused attention, one layer at a \
+                     time)"
                 ),
-                bytes: 2 * kv,
-            },
+                bytes: s
+                    * p
+                    * self
+                        .attention_block_bytes(false)
+                        .max(self.mlp_block_bytes(false)),
+            }
+        } else {
             Item {
                 what: format!(
                     "prefill of {s} prompts × {p}² attention pairs (one layer at a time)"
                 ),
                 bytes: s * p * p * (self.heads * (2 * self.b + 4 + cast) + 4),
-            },
+            }
+        };
+        vec![
             Item {
-                what: format!("logits: {s} rows × {} vocabulary (f32, twice)", self.vocab),
-                bytes: s * self.vocab * 8,
+                what: format!(
+                    "KV cache: {cached} tokens (actor.kv_cache_tokens; {slots} rows) × {} per \
+                     token",
+                    super::format_bytes(per_token_kv)
+                ),
+                bytes: cached * per_token_kv,
+            },
+            prefill,
+            Item {
+                what: format!("logits: {slots} rows × {} vocabulary (f32, twice)", self.vocab),
+                bytes: slots as u64 * self.vocab * 8,
             },
         ]
     }

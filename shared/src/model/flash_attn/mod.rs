@@ -29,6 +29,7 @@ use std::sync::Arc;
 use candle_core::{DType, Device, Tensor};
 
 pub use op::FlashAttn;
+pub(crate) use cpu::Elem;
 
 /// Why a [`Segments`] description is invalid.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
