@@ -190,3 +190,73 @@ fn a_weight_swap_mid_sequence_is_recorded_per_token() {
     assert!(e.swap_model(other, 9).is_err());
     assert_eq!(e.version(), 4);
 }
+
+/// Runs `jobs` through an engine of `slots` rows with a KV cache of `kv_tokens` (`None`: grows
+/// as needed); the samples sorted by key, and the engine's counters.
+fn generate(
+    jobs: &[Job],
+    slots: usize,
+    kv_tokens: Option<usize>,
+) -> (Vec<Finished>, cascade_actor::engine::EngineStats) {
+    let stop = vec![3, 5, 11];
+    let model = common::tiny_model(1, 256);
+    let mut e = match kv_tokens {
+        Some(t) => Engine::with_kv_budget(model, 0, slots, stop, t).unwrap(),
+        None => Engine::new(model, 0, slots, stop).unwrap(),
+    };
+    for j in jobs {
+        assert!(e.submit(j.clone()).unwrap());
+    }
+    let mut out = e.run_to_completion().unwrap();
+    out.sort_by_key(key);
+    (out, e.stats())
+}
+
+#[test]
+fn a_kv_cache_too_small_for_every_row_preempts_and_gives_the_same_tokens() {
+    // 6 prompts × 2 samples, prompts of 3..23 tokens, up to 40 new tokens, through 6 slots:
+    // at their longest the rows need far more than 8 blocks of 16 tokens.
+    let jobs: Vec<Job> = (0..6)
+        .map(|p| job(p, 3 + 4 * p as usize, 2, 40))
+        .collect();
+    let (ample, ample_stats) = generate(&jobs, 6, None);
+    let (small, small_stats) = generate(&jobs, 6, Some(8 * 16));
+    assert_eq!(ample_stats.preemptions, 0);
+    assert!(
+        small_stats.preemptions > 0,
+        "the small cache preempted no row ({small_stats:?})"
+    );
+    assert_eq!(ample.len(), 12);
+    assert_eq!(small.len(), 12);
+    for (a, b) in ample.iter().zip(&small) {
+        assert_eq!(key(a), key(b));
+        assert_eq!(
+            a.response_ids,
+            b.response_ids,
+            "sample {:?}: a preempted row is prefilled again with what it generated and goes \
+             on with the same keys",
+            key(a)
+        );
+        assert_eq!(a.finish_reason, b.finish_reason);
+        assert_eq!(a.versions, b.versions);
+        for (x, y) in a.logprobs.iter().zip(&b.logprobs) {
+            assert!((x - y).abs() < 1e-4, "log-prob {x} vs {y}");
+        }
+    }
+}
+
+#[test]
+fn a_row_that_cannot_fit_the_kv_cache_alone_is_refused_by_name() {
+    let model = common::tiny_model(1, 256);
+    let mut e = Engine::with_kv_budget(model, 0, 2, vec![], 64).unwrap();
+    // 20 prompt + 40 response tokens fit 64; 30 + 40 do not.
+    assert!(e.submit(job(1, 20, 2, 40)).unwrap());
+    let err = e.submit(job(2, 30, 2, 40)).unwrap_err().to_string();
+    assert!(
+        err.contains("prompt 2")
+            && err.contains("30 prompt + 40 response tokens")
+            && err.contains("actor.kv_cache_tokens"),
+        "{err}"
+    );
+    assert!(Engine::with_kv_budget(common::tiny_model(1, 256), 0, 2, vec![], 0).is_err());
+}

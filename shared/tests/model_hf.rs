@@ -126,6 +126,69 @@ fn twelve_greedy_steps_with_kv_cache_equal_full_forward() -> Result<()> {
     Ok(())
 }
 
+/// A decode batch with a KV budget one block above what one row's 12 steps need: the
+/// transformers logits through
+/// cache blocks shared with another row; a prefill or a step the free blocks cannot hold is a
+/// `KvFull` error that changes nothing, and releasing a row frees its blocks for the next step.
+#[test]
+fn a_budgeted_kv_cache_refuses_what_it_cannot_hold_and_changes_nothing() -> Result<()> {
+    let c = load("qwen3-tied")?;
+    let prompt = ids(&c.cases["greedy_prompt"]);
+    let full = &c.reference["greedy.full_logits"];
+    let blocks = DecodeBatch::blocks_for(prompt.len() + 12) + 1;
+    let mut batch = DecodeBatch::with_kv_budget(2, blocks * 16);
+    assert_eq!(batch.kv_budget(), Some(blocks * 16));
+    let mut logits = c.model.prefill(&mut batch, &[(0, &prompt)])?;
+    assert_eq!(batch.capacity(), blocks * 16, "the whole budget is allocated at once");
+    let free = blocks - DecodeBatch::blocks_for(prompt.len());
+    assert_eq!(batch.free_blocks(), Some(free));
+    // A prompt longer than the free blocks: refused, nothing changes.
+    let long: Vec<u32> = (0..free as u32 * 16 + 1).map(|i| i % 50 + 1).collect();
+    let err = c.model.prefill(&mut batch, &[(1, &long)]).unwrap_err();
+    assert!(err.to_string().contains("KV cache is full"), "{err}");
+    assert!(!batch.is_active(1));
+    assert_eq!(batch.free_blocks(), Some(free));
+    // A second row of one full block shares the pool; its next token needs a second block.
+    let other: Vec<u32> = (0..16).map(|i| i * 3 + 2).collect();
+    let mut other_logits = c.model.prefill(&mut batch, &[(1, &other)])?;
+    let mut step = 0;
+    let mut tok = |l: &Tensor| -> Result<u32> { Ok(argmax(&l.squeeze(0)?.to_vec1::<f32>()?)) };
+    loop {
+        let want = full.get(prompt.len() - 1 + step)?;
+        let d = max_abs_diff(&logits.squeeze(0)?, &want)?;
+        assert!(d < TOL, "step {step}: max |Δlogit| = {d}");
+        if step == 12 {
+            break;
+        }
+        let feed = if batch.is_active(1) {
+            vec![(0, tok(&logits)?), (1, tok(&other_logits)?)]
+        } else {
+            vec![(0, tok(&logits)?)]
+        };
+        match c.model.decode_step(&mut batch, &feed) {
+            Ok(l) => {
+                logits = l.narrow(0, 0, 1)?;
+                if batch.is_active(1) {
+                    other_logits = l.narrow(0, 1, 1)?;
+                }
+                step += 1;
+            }
+            Err(e) => {
+                // Out of blocks: nothing was written; free the second row and retry.
+                assert!(e.to_string().contains("KV cache is full"), "{e}");
+                assert!(batch.is_active(1), "only a shared cache runs out");
+                assert_eq!(batch.free_blocks(), Some(0));
+                let len0 = batch.seq_len(0);
+                batch.release(1);
+                assert_eq!(batch.seq_len(0), len0);
+                assert!(batch.free_blocks() > Some(0));
+            }
+        }
+    }
+    assert!(!batch.is_active(1), "the budget ran out while both rows decoded");
+    Ok(())
+}
+
 #[test]
 fn three_hundred_token_sequence() -> Result<()> {
     for name in ["qwen3-tied", "qwen2-bf16"] {

@@ -39,7 +39,8 @@ pub struct DecodeBatch {
     pool: Vec<(Tensor, Tensor)>,
     /// Blocks allocated in `pool`.
     blocks: usize,
-    /// Free block ids, the lowest last (taken first).
+    /// Free block ids, taken from the end (a new pool's lowest ids first; released blocks are
+    /// reused first).
     free: Vec<u32>,
     /// Blocks of each slot's sequence, in order.
     tables: Vec<Vec<u32>>,
@@ -106,7 +107,6 @@ impl DecodeBatch {
     pub fn release(&mut self, slot: usize) {
         let blocks = std::mem::take(&mut self.tables[slot]);
         self.free.extend(blocks.into_iter().rev());
-        self.free.sort_unstable_by(|a, b| b.cmp(a));
         self.active[slot] = false;
         self.lens[slot] = 0;
     }
@@ -191,10 +191,9 @@ impl DecodeBatch {
                 .collect::<Result<Vec<_>>>()?
         };
         self.pool = pool;
-        // New ids go under the free ones (lowest last, taken first).
+        // New ids go under the free ones (taken after them, lowest first).
         let mut ids: Vec<u32> = (self.blocks as u32..target as u32).rev().collect();
         ids.append(&mut self.free);
-        ids.sort_unstable_by(|a, b| b.cmp(a));
         self.free = ids;
         self.blocks = target;
         Ok(())

@@ -232,3 +232,109 @@ pub fn write_rows(pool: &Tensor, src: &Tensor, rows: &Tensor) -> candle_core::Re
         .contiguous()?;
     flat.scatter_set(&index, &src.reshape((n, kv * d))?.contiguous()?, 0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::seq::SliceRandom;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    /// Random q and pools, and a table whose rows own shuffled, interleaved blocks.
+    fn case(
+        rng: &mut ChaCha8Rng,
+        lens: &[usize],
+        (heads, kv_heads, d): (usize, usize, usize),
+    ) -> (Tensor, Tensor, Tensor, Arc<PageTable>) {
+        let blocks: usize = lens.iter().map(|l| l.div_ceil(BLOCK_TOKENS)).sum::<usize>() + 3;
+        let mut ids: Vec<u32> = (0..blocks as u32).collect();
+        ids.shuffle(rng);
+        let mut tables = Vec::new();
+        let mut next = 0;
+        for l in lens {
+            let n = l.div_ceil(BLOCK_TOKENS);
+            tables.push(ids[next..next + n].to_vec());
+            next += n;
+        }
+        let rows: Vec<(&[u32], usize)> = tables
+            .iter()
+            .zip(lens)
+            .map(|(t, l)| (t.as_slice(), *l))
+            .collect();
+        let table = Arc::new(PageTable::new(&rows).unwrap());
+        let mut randn = |shape: &[usize]| {
+            let n: usize = shape.iter().product();
+            let v: Vec<f32> = (0..n).map(|_| rng.random::<f32>() * 2.0 - 1.0).collect();
+            Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+        };
+        let q = randn(&[lens.len(), heads, d]);
+        let k = randn(&[blocks * BLOCK_TOKENS, kv_heads, d]);
+        let v = randn(&[blocks * BLOCK_TOKENS, kv_heads, d]);
+        (q, k, v, table)
+    }
+
+    fn max_rel(a: &Tensor, b: &Tensor) -> f32 {
+        let a: Vec<f32> = a.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let b: Vec<f32> = b.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-6);
+        a.iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs() / scale)
+            .fold(0.0, f32::max)
+    }
+
+    #[test]
+    fn the_cpu_kernel_equals_attention_over_the_gathered_rows() {
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        let lens = [1, 15, 16, 17, 63, 300];
+        for shape in [(16, 8, 128), (4, 1, 64), (4, 4, 40)] {
+            let (q, k, v, table) = case(&mut rng, &lens, shape);
+            let scale = 1.0 / (shape.2 as f32).sqrt();
+            let fast = paged_attention(&q, &k, &v, &table, scale).unwrap();
+            let reference = gathered_attention(&q, &k, &v, &table, scale).unwrap();
+            assert_eq!(fast.dims(), &[lens.len(), shape.0, shape.2]);
+            let err = max_rel(&fast, &reference);
+            assert!(err < 1e-5, "{shape:?}: f32 max rel error {err}");
+            for dtype in [DType::BF16, DType::F16] {
+                let cast = |t: &Tensor| t.to_dtype(dtype).unwrap();
+                let half = paged_attention(&cast(&q), &cast(&k), &cast(&v), &table, scale).unwrap();
+                assert_eq!(half.dtype(), dtype);
+                let err = max_rel(&half, &reference);
+                assert!(err < 1e-2, "{shape:?}: {dtype:?} max rel error {err}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_row_sees_only_its_own_tokens() {
+        // Row 0's keys are changed past its length and in blocks it does not own: no effect.
+        let mut rng = ChaCha8Rng::seed_from_u64(4);
+        let (q, k, v, table) = case(&mut rng, &[20, 5], (4, 2, 16));
+        let before = paged_attention(&q, &k, &v, &table, 0.25).unwrap();
+        let mut kh: Vec<f32> = k.flatten_all().unwrap().to_vec1().unwrap();
+        let owned: Vec<usize> = (0..20).map(|i| table.pool_row(0, i)).collect();
+        for (row, chunk) in kh.chunks_mut(2 * 16).enumerate() {
+            if !owned.contains(&row) {
+                chunk.iter_mut().for_each(|x| *x = 1e3);
+            }
+        }
+        let k2 = Tensor::from_vec(kh, k.dims(), &Device::Cpu).unwrap();
+        let after = paged_attention(&q, &k2, &v, &table, 0.25).unwrap();
+        let row0 = |t: &Tensor| t.narrow(0, 0, 1).unwrap();
+        assert_eq!(max_rel(&row0(&before), &row0(&after)), 0.0);
+    }
+
+    #[test]
+    fn bad_tables_and_shapes_are_errors() {
+        assert!(PageTable::new(&[(&[0][..], 0)]).is_err(), "a row of no tokens");
+        assert!(PageTable::new(&[(&[0][..], 17)]).is_err(), "17 tokens in one block");
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let (q, k, v, table) = case(&mut rng, &[16], (4, 2, 16));
+        // A pool too small for the table.
+        let short = k.narrow(0, 0, 8).unwrap();
+        assert!(paged_attention(&q, &short, &short, &table, 1.0).is_err());
+        // Heads not a multiple of the kv heads.
+        let q3 = Tensor::zeros((1, 3, 16), DType::F32, &Device::Cpu).unwrap();
+        assert!(paged_attention(&q3, &k, &v, &table, 1.0).is_err());
+    }
+}
