@@ -69,7 +69,8 @@ fn main() -> anyhow::Result<()> {
     for batch in [1usize, 8] {
         let mut best = f64::MAX;
         for _ in 0..2 {
-            let mut b = DecodeBatch::new(batch);
+            // The actors' cache: a budget of every row at its longest, allocated at once.
+            let mut b = DecodeBatch::with_kv_budget(batch, batch * (prompt_len + steps + 1));
             let prompts: Vec<Vec<u32>> = (0..batch)
                 .map(|r| {
                     (0..prompt_len)

@@ -79,7 +79,8 @@ knobs! {
     config ActorConfig;
     /// Command-line overrides of `[actor]`.
     args ActorArgs;
-    /// Prompts decoded together in one batch (each expands to its group's samples).
+    /// Rows (samples) decoded together: the engine's slots. A prompt's `group_size` samples
+    /// queue for them and enter as slots free up (continuous batching).
     gen_batch: usize = 8, flag "gen-batch";
     /// Max new tokens when a stage sets no `max_response_tokens`.
     max_new_tokens: usize = 512, flag "max-new-tokens";
