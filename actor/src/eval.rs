@@ -182,7 +182,7 @@ pub fn evaluate(
         return Err(ActorError::Invalid("eval: samples must be ≥ 1".into()));
     }
     let stop_ids = chat.tokenizer().special().stop_ids();
-    let mut engine = Engine::new(model, 0, opts.gen_batch.max(1), stop_ids)?;
+    let context = model.config().max_position_embeddings;
     let sampling = SamplingParams {
         temperature: opts.temperature,
         top_k: None,
@@ -196,12 +196,13 @@ pub fn evaluate(
     };
     let prompts = dataset.head(take)?;
     let mut modes = Vec::with_capacity(take);
+    let mut jobs = Vec::with_capacity(take);
     for (tag, rec) in prompts.iter().enumerate() {
         let mode = opts
             .mode
             .unwrap_or_else(|| choose_mode(opts.seed, rec.id, 0, opts.mode_mix));
         modes.push(mode);
-        let job = Job {
+        jobs.push(Job {
             tag: tag as u64,
             prompt_id: rec.id,
             prompt_ids: chat.encode_chat(&rec.messages, true, mode)?,
@@ -212,7 +213,20 @@ pub fn evaluate(
                 max_new_tokens: opts.max_new_tokens,
                 seed: opts.seed,
             },
-        };
+        });
+    }
+    // A KV cache for every row at its longest (the prompts are known): no row waits, and the
+    // cache is allocated once.
+    let slots = opts.gen_batch.max(1);
+    let longest = jobs
+        .iter()
+        .map(|j| j.prompt_ids.len())
+        .filter(|&len| len < context)
+        .max()
+        .unwrap_or(1);
+    let row = context.min(longest + opts.max_new_tokens);
+    let mut engine = Engine::with_kv_budget(model, 0, slots, stop_ids, slots * row)?;
+    for job in jobs {
         engine.submit(job)?;
     }
     let finished = engine.run_to_completion()?;

@@ -294,8 +294,11 @@ pub fn plan(
         );
     }
     notes.push(
-        "not counted: the held-out evaluation between stages (it runs after the stage's \
-         processes stop), the SWE judge, tokenizer and host-side buffers"
+        "not counted: the held-out evaluation (after the stages' processes stop; on a CPU run \
+         with eval.during_run, in the supervisor while later stages train: one more copy of \
+         the policy, a reward model where a domain needs one, and a KV cache of \
+         actor.gen_batch × group_size rows, at most 64), the SWE judge, tokenizer and \
+         host-side buffers"
             .into(),
     );
     notes.push(snapshot_note(config, model, learner_device));
