@@ -11,8 +11,9 @@
 #         CARGO_TARGET_DIR (default <repo>/target/gpu, apart from CPU builds so that neither
 #         invalidates the other), CUDA_COMPUTE_CAP (default 90, H100/H200), PYTHON.
 # Convention: integration tests whose name contains "cuda" are the GPU tests (actor/tests/
-# sampler_cuda.rs, engine_cuda.rs, shared/tests/flash_attn_cuda.rs, ...); each is carried with the
-# directory of its crate (cargo runs tests from there) and run by scripts/gpu-check.sh.
+# sampler_cuda.rs, engine_cuda.rs, shared/tests/flash_attn_cuda.rs, paged_attn_cuda.rs, ...);
+# each is carried with the directory of its crate (cargo runs tests from there) and run by
+# scripts/gpu-check.sh.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Runs on the GPU host (no Rust, no network) with what scripts/build-gpu.sh packed into DIR:
-# the CUDA test binaries (sampler, engine, fused attention and the learner's SFT gradients against
-# the CPU; the NCCL collectives and the sharded optimizer's steps on device buffers), the GPU
-# sampler, engine, fused-attention and learner-step benchmarks, then a short `cascade run`
-# (the tiny default, 3 steps a stage) with learner and actor on cuda:0. Writes results.md,
-# gpu-check.log and logs.tar.gz (every step's log and table) under $OUT: the device tool
-# brings back at most 8 files.
+# the CUDA test binaries (sampler, engine, fused attention, paged decode attention and the
+# learner's SFT gradients against the CPU; the NCCL collectives and the sharded optimizer's steps
+# on device buffers), the GPU sampler, engine, fused-attention, paged-attention and learner-step
+# benchmarks, then a short `cascade run` (the tiny default, 3 steps a stage) with learner and
+# actor on cuda:0. Writes results.md, gpu-check.log and logs.tar.gz (every step's log and table)
+# under $OUT: the device tool brings back at most 8 files.
 # Budget: under 8 minutes (GPU_CHECK_BUDGET_S, default 450 s, caps every step's timeout: a step
 # that would start past it is skipped and reported; logs.tar.gz is refreshed after each step,
 # so what ran comes back even if the device tool stops the script).
@@ -91,6 +91,15 @@ if [ -x "$WORK/flash_attn_cuda" ]; then
   export FLASH_ATTN_BENCH_OUT=$LOGS/flash_attn_gpu.md
   step flash-attn-gpu-bench 180 shared "$WORK/flash_attn_cuda" --ignored --exact gpu_flash_attn_benchmark --nocapture
   [ -f "$LOGS/flash_attn_gpu.md" ] && { echo; cat "$LOGS/flash_attn_gpu.md"; } >> "$RESULTS"
+fi
+
+# Paged decode attention on the GPU (an ignored test in paged_attn_cuda): one decode step's
+# attention of the Qwen3-8B heads against the memory bound of reading K and V once; its table
+# goes into results.md.
+if [ -x "$WORK/paged_attn_cuda" ]; then
+  export PAGED_ATTN_BENCH_OUT=$LOGS/paged_attn_gpu.md
+  step paged-attn-gpu-bench 120 shared "$WORK/paged_attn_cuda" --ignored --exact gpu_paged_attn_benchmark --nocapture
+  [ -f "$LOGS/paged_attn_gpu.md" ] && { echo; cat "$LOGS/paged_attn_gpu.md"; } >> "$RESULTS"
 fi
 
 # One learner SFT step of the Qwen3-0.6B shape in bf16 at 8K and 32K tokens (an ignored test in

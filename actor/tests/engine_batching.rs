@@ -216,9 +216,7 @@ fn generate(
 fn a_kv_cache_too_small_for_every_row_preempts_and_gives_the_same_tokens() {
     // 6 prompts × 2 samples, prompts of 3..23 tokens, up to 40 new tokens, through 6 slots:
     // at their longest the rows need far more than 8 blocks of 16 tokens.
-    let jobs: Vec<Job> = (0..6)
-        .map(|p| job(p, 3 + 4 * p as usize, 2, 40))
-        .collect();
+    let jobs: Vec<Job> = (0..6).map(|p| job(p, 3 + 4 * p as usize, 2, 40)).collect();
     let (ample, ample_stats) = generate(&jobs, 6, None);
     let (small, small_stats) = generate(&jobs, 6, Some(8 * 16));
     assert_eq!(ample_stats.preemptions, 0);

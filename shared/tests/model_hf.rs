@@ -139,7 +139,11 @@ fn a_budgeted_kv_cache_refuses_what_it_cannot_hold_and_changes_nothing() -> Resu
     let mut batch = DecodeBatch::with_kv_budget(2, blocks * 16);
     assert_eq!(batch.kv_budget(), Some(blocks * 16));
     let mut logits = c.model.prefill(&mut batch, &[(0, &prompt)])?;
-    assert_eq!(batch.capacity(), blocks * 16, "the whole budget is allocated at once");
+    assert_eq!(
+        batch.capacity(),
+        blocks * 16,
+        "the whole budget is allocated at once"
+    );
     let free = blocks - DecodeBatch::blocks_for(prompt.len());
     assert_eq!(batch.free_blocks(), Some(free));
     // A prompt longer than the free blocks: refused, nothing changes.
@@ -152,7 +156,7 @@ fn a_budgeted_kv_cache_refuses_what_it_cannot_hold_and_changes_nothing() -> Resu
     let other: Vec<u32> = (0..16).map(|i| i * 3 + 2).collect();
     let mut other_logits = c.model.prefill(&mut batch, &[(1, &other)])?;
     let mut step = 0;
-    let mut tok = |l: &Tensor| -> Result<u32> { Ok(argmax(&l.squeeze(0)?.to_vec1::<f32>()?)) };
+    let tok = |l: &Tensor| -> Result<u32> { Ok(argmax(&l.squeeze(0)?.to_vec1::<f32>()?)) };
     loop {
         let want = full.get(prompt.len() - 1 + step)?;
         let d = max_abs_diff(&logits.squeeze(0)?, &want)?;
@@ -185,7 +189,10 @@ fn a_budgeted_kv_cache_refuses_what_it_cannot_hold_and_changes_nothing() -> Resu
             }
         }
     }
-    assert!(!batch.is_active(1), "the budget ran out while both rows decoded");
+    assert!(
+        !batch.is_active(1),
+        "the budget ran out while both rows decoded"
+    );
     Ok(())
 }
 

@@ -8,8 +8,8 @@ use candle_core::{DType, Device, Module, Tensor};
 use super::config::parameter_shapes;
 use super::config::ModelConfig;
 use super::flash_attn::{flash_attn, Segments};
-use super::paged::{self, PagedAttention};
 use super::layers::{apply_rotary, softmax_last, Linear, Mlp, OpsMode, RmsNorm, Rotary};
+use super::paged::{self, PagedAttention};
 use super::recompute::{
     checkpoint_layer, chunked_logprob_sum, chunked_logprobs, logits_chunk_rows, Recomputable,
 };
@@ -596,9 +596,7 @@ impl CausalLm {
                     AttnMask::Dense(bias) => OwnedMask::Dense(bias.clone()),
                     AttnMask::Segments(s) => OwnedMask::Segments(s.clone()),
                     AttnMask::Paged => {
-                        return Err(ModelError::Config(
-                            "checkpointing a decode step".into(),
-                        ))
+                        return Err(ModelError::Config("checkpointing a decode step".into()))
                     }
                 };
                 let block = |block| CheckpointedLayer {

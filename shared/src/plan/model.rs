@@ -344,7 +344,10 @@ impl MemoryModel {
             },
             prefill,
             Item {
-                what: format!("logits: {slots} rows × {} vocabulary (f32, twice)", self.vocab),
+                what: format!(
+                    "logits: {slots} rows × {} vocabulary (f32, twice)",
+                    self.vocab
+                ),
                 bytes: slots as u64 * self.vocab * 8,
             },
         ]

@@ -28,8 +28,8 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
 
-pub use op::FlashAttn;
 pub(crate) use cpu::Elem;
+pub use op::FlashAttn;
 
 /// Why a [`Segments`] description is invalid.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

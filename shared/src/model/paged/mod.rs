@@ -125,7 +125,12 @@ pub fn paged_attention(
     table: &Arc<PageTable>,
     scale: f32,
 ) -> candle_core::Result<Tensor> {
-    attend(q, k_pool, v_pool, &PagedAttention::new(table.clone(), scale))
+    attend(
+        q,
+        k_pool,
+        v_pool,
+        &PagedAttention::new(table.clone(), scale),
+    )
 }
 
 /// [`paged_attention`] with the table and scale of `op`; one op can serve every layer of a
@@ -274,8 +279,20 @@ mod tests {
     }
 
     fn max_rel(a: &Tensor, b: &Tensor) -> f32 {
-        let a: Vec<f32> = a.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-        let b: Vec<f32> = b.to_dtype(DType::F32).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let a: Vec<f32> = a
+            .to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let b: Vec<f32> = b
+            .to_dtype(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
         let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-6);
         a.iter()
             .zip(&b)
@@ -326,8 +343,14 @@ mod tests {
 
     #[test]
     fn bad_tables_and_shapes_are_errors() {
-        assert!(PageTable::new(&[(&[0][..], 0)]).is_err(), "a row of no tokens");
-        assert!(PageTable::new(&[(&[0][..], 17)]).is_err(), "17 tokens in one block");
+        assert!(
+            PageTable::new(&[(&[0][..], 0)]).is_err(),
+            "a row of no tokens"
+        );
+        assert!(
+            PageTable::new(&[(&[0][..], 17)]).is_err(),
+            "17 tokens in one block"
+        );
         let mut rng = ChaCha8Rng::seed_from_u64(5);
         let (q, k, v, table) = case(&mut rng, &[16], (4, 2, 16));
         // A pool too small for the table.

@@ -1,0 +1,345 @@
+//! The CUDA kernel of the paged decode attention (`kernels/paged_attn.cu`, feature
+//! `cuda-kernels`): compiled once per process with NVRTC, launched on cudarc buffers. The candle
+//! op ([`super::PagedAttention`], feature `cuda`) calls `forward` (feature `cuda`) with the
+//! device buffers of candle's tensors and a [`DeviceTable`], on candle's stream.
+//!
+//! With `cuda-kernels` alone, cudarc loads `libnvrtc` lazily and *panics* when it is missing, so
+//! [`ptx`] checks [`nvrtc_available`] first and returns an error instead.
+
+use std::sync::{Arc, OnceLock};
+
+use cudarc::driver::{
+    CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, LaunchConfig,
+    PushKernelArg,
+};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions};
+
+use super::kernels::{self, NVRTC_OPTIONS, PAGED_ATTN_CU, THREADS};
+use super::PageTable;
+pub use crate::model::flash_attn::cuda::nvrtc_available;
+
+/// Compiles `paged_attn.cu` to PTX text; the error is NVRTC's log.
+pub fn compile_ptx() -> Result<String, String> {
+    if !nvrtc_available() {
+        return Err(
+            "libnvrtc.so.13 not found (run scripts/setup-nvrtc.sh and put its lib dir on \
+                    LD_LIBRARY_PATH)"
+                .into(),
+        );
+    }
+    let opts = CompileOptions {
+        options: NVRTC_OPTIONS.iter().map(|s| s.to_string()).collect(),
+        name: Some("paged_attn.cu".into()),
+        ..Default::default()
+    };
+    match compile_ptx_with_opts(PAGED_ATTN_CU, opts) {
+        Ok(ptx) => Ok(ptx.to_src()),
+        Err(CompileError::CompileError { log, .. }) => Err(log.to_string_lossy().into_owned()),
+        Err(other) => Err(other.to_string()),
+    }
+}
+
+/// The PTX of `paged_attn.cu`, compiled on first use and kept for the process.
+pub fn ptx() -> candle_core::Result<&'static str> {
+    static PTX: OnceLock<Result<String, String>> = OnceLock::new();
+    match PTX.get_or_init(compile_ptx) {
+        Ok(ptx) => Ok(ptx),
+        Err(log) => candle_core::bail!("paged attention: paged_attn.cu does not compile: {log}"),
+    }
+}
+
+/// A [`PageTable`] on the device: `blocks` (`rows × width`) and `lens` (`rows`), plus what the
+/// launcher checks against the pools. Only made from a validated host table, so that the kernel
+/// reads pool rows below [`DeviceTable::rows_needed`] only.
+#[derive(Debug)]
+pub struct DeviceTable {
+    blocks: CudaSlice<u32>,
+    lens: CudaSlice<u32>,
+    rows: usize,
+    width: usize,
+    rows_needed: usize,
+}
+
+impl DeviceTable {
+    /// The host arrays of `table` (each at least one element: cudarc does not allocate empty
+    /// buffers) and its shape.
+    fn host_arrays(table: &PageTable) -> (Vec<u32>, Vec<u32>) {
+        let nonempty = |v: &[u32]| if v.is_empty() { vec![0] } else { v.to_vec() };
+        (nonempty(table.blocks()), nonempty(table.lens()))
+    }
+
+    fn from_slices(table: &PageTable, blocks: CudaSlice<u32>, lens: CudaSlice<u32>) -> Self {
+        DeviceTable {
+            blocks,
+            lens,
+            rows: table.rows(),
+            width: table.width(),
+            rows_needed: table.rows_needed(),
+        }
+    }
+
+    /// Copies `table` to the device of `stream` (enqueued on it).
+    pub fn upload_on(stream: &Arc<CudaStream>, table: &PageTable) -> candle_core::Result<Self> {
+        let (blocks, lens) = Self::host_arrays(table);
+        let blocks = stream.clone_htod(&blocks).map_err(wrap)?;
+        let lens = stream.clone_htod(&lens).map_err(wrap)?;
+        Ok(Self::from_slices(table, blocks, lens))
+    }
+
+    /// Copies `table` to `device` (on candle's stream).
+    #[cfg(feature = "cuda")]
+    pub fn upload(
+        device: &candle_core::CudaDevice,
+        table: &PageTable,
+    ) -> candle_core::Result<Self> {
+        let (blocks, lens) = Self::host_arrays(table);
+        let blocks = device.clone_htod(&blocks)?;
+        let lens = device.clone_htod(&lens)?;
+        Ok(Self::from_slices(table, blocks, lens))
+    }
+
+    /// Decode rows of the table.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// The largest pool row the table reads, plus one.
+    pub fn rows_needed(&self) -> usize {
+        self.rows_needed
+    }
+}
+
+/// The shape and scale of one call: q/out `(rows, heads, d)`, the pools
+/// `(pool_rows, kv_heads, d)`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CallDims {
+    /// Decode rows (one query token each).
+    pub rows: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads (divides `heads`).
+    pub kv_heads: usize,
+    /// Head dimension (at most [`kernels::MAX_HEAD_DIM`]).
+    pub d: usize,
+    /// Rows of each pool.
+    pub pool_rows: usize,
+    /// Multiplier of the scores.
+    pub scale: f32,
+}
+
+impl CallDims {
+    fn q_len(&self) -> usize {
+        self.rows * self.heads * self.d
+    }
+
+    fn pool_len(&self) -> usize {
+        self.pool_rows * self.kv_heads * self.d
+    }
+}
+
+fn fit(x: usize, what: &str) -> candle_core::Result<u32> {
+    u32::try_from(x).map_err(|_| {
+        candle_core::Error::Msg(format!("paged attention: {what} {x} does not fit in u32"))
+    })
+}
+
+fn check_len(what: &str, got: usize, want: usize) -> candle_core::Result<()> {
+    if got != want {
+        candle_core::bail!("paged attention: {what} holds {got} elements, the shape needs {want}");
+    }
+    Ok(())
+}
+
+fn wrap(e: cudarc::driver::DriverError) -> candle_core::Error {
+    candle_core::Error::wrap(e)
+}
+
+/// The entry point of `paged_attn.cu` for `dtype` and head dimension `d`; an error above the
+/// kernel's bound.
+pub fn entry(dtype: kernels::KernelDtype, d: usize) -> candle_core::Result<&'static str> {
+    match kernels::entry(dtype, d) {
+        Some(name) => Ok(name),
+        None => candle_core::bail!(
+            "paged attention: head dim {d} is not supported by the CUDA kernel (1..={})",
+            kernels::MAX_HEAD_DIM
+        ),
+    }
+}
+
+/// Enqueues the paged decode attention: `out` (like `q`) is written in full. `func` is
+/// [`entry`]`(dtype of T, dims.d)`; `table` was uploaded from the host table the shapes came
+/// from.
+pub fn launch<T: DeviceRepr>(
+    stream: &Arc<CudaStream>,
+    func: &CudaFunction,
+    dims: &CallDims,
+    (q, k, v): (&CudaView<'_, T>, &CudaView<'_, T>, &CudaView<'_, T>),
+    table: &DeviceTable,
+    out: &mut CudaViewMut<'_, T>,
+) -> candle_core::Result<()> {
+    if dims.d == 0 || dims.d > kernels::MAX_HEAD_DIM {
+        candle_core::bail!(
+            "paged attention: head dim {} is not supported by the CUDA kernel (1..={})",
+            dims.d,
+            kernels::MAX_HEAD_DIM
+        );
+    }
+    if dims.kv_heads == 0 || !dims.heads.is_multiple_of(dims.kv_heads) {
+        candle_core::bail!(
+            "paged attention: {} heads do not split into {} kv heads",
+            dims.heads,
+            dims.kv_heads
+        );
+    }
+    if table.rows != dims.rows {
+        candle_core::bail!(
+            "paged attention: a table of {} rows for {} query rows",
+            table.rows,
+            dims.rows
+        );
+    }
+    if table.rows_needed > dims.pool_rows {
+        candle_core::bail!(
+            "paged attention: the table reads pool row {} of {}",
+            table.rows_needed - 1,
+            dims.pool_rows
+        );
+    }
+    check_len("q", q.len(), dims.q_len())?;
+    check_len("k pool", k.len(), dims.pool_len())?;
+    check_len("v pool", v.len(), dims.pool_len())?;
+    check_len("out", out.len(), dims.q_len())?;
+    if dims.q_len() == 0 {
+        return Ok(());
+    }
+    check_len(
+        "block table",
+        table.blocks.len(),
+        (dims.rows * table.width).max(1),
+    )?;
+    check_len("lens", table.lens.len(), dims.rows)?;
+    let (heads, kv_heads, d) = (
+        fit(dims.heads, "heads")?,
+        fit(dims.kv_heads, "kv heads")?,
+        fit(dims.d, "head dim")?,
+    );
+    let width = fit(table.width, "table width")?;
+    let q_chunks = fit(
+        kernels::query_chunks(dims.heads, dims.kv_heads),
+        "query chunks",
+    )?;
+    let blocks = kernels::grid(dims.rows, dims.heads, dims.kv_heads);
+    let blocks = u32::try_from(blocks)
+        .ok()
+        .filter(|&b| b < i32::MAX as u32)
+        .ok_or_else(|| {
+            candle_core::Error::Msg(format!("paged attention: grid of {blocks} blocks"))
+        })?;
+    let cfg = LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut launch = stream.launch_builder(func);
+    launch
+        .arg(q)
+        .arg(k)
+        .arg(v)
+        .arg(&table.blocks)
+        .arg(&table.lens)
+        .arg(out)
+        .arg(&heads)
+        .arg(&kv_heads)
+        .arg(&d)
+        .arg(&width)
+        .arg(&q_chunks)
+        .arg(&dims.scale);
+    // SAFETY: the arguments match `paged_decode_*(const T* q, const T* k, const T* v, const
+    // unsigned* blocks, const unsigned* lens, T* out, unsigned heads, unsigned kv_heads,
+    // unsigned d, unsigned width, unsigned q_chunks, float scale)`. q/out hold rows * heads * d
+    // and the pools pool_rows * kv_heads * d elements (checked above); the table has rows * width
+    // block ids and rows lengths, uploaded from a validated host table whose every row reads
+    // pool rows below `rows_needed <= pool_rows` only (checked above), so every load is in
+    // bounds; each block writes only the out rows of its own (row, query heads).
+    unsafe { launch.launch(cfg) }.map_err(wrap)?;
+    Ok(())
+}
+
+/// The candle side: candle's device buffers in, [`launch`] on candle's stream.
+#[cfg(feature = "cuda")]
+mod on_cuda {
+    use candle_core::cuda_backend::{CudaDType, CudaDevice};
+    use candle_core::{CudaStorage, Layout, Shape};
+    use cudarc::driver::{CudaSlice, CudaView, DeviceRepr, ValidAsZeroBits};
+
+    use super::super::cpu::Dims;
+    use super::super::kernels::KernelDtype;
+    use super::{entry, launch, ptx, CallDims, DeviceTable};
+
+    /// candle's cache key for the loaded `paged_attn.cu` module.
+    const MODULE: &str = "cascade_paged_attn";
+
+    /// The elements of a contiguous tensor's device buffer.
+    fn view<'a, T>(
+        slice: &'a CudaSlice<T>,
+        layout: &Layout,
+        what: &str,
+    ) -> candle_core::Result<CudaView<'a, T>> {
+        match layout.contiguous_offsets() {
+            Some((start, end)) => Ok(slice.slice(start..end)),
+            None => candle_core::bail!("paged attention: {what} is not contiguous"),
+        }
+    }
+
+    /// [`super::super::paged_attention`] on the GPU: `q` `(rows, heads, d)`, the pools
+    /// `(pool_rows, kv_heads, d)` (shapes from the layouts, `dims` from them), `table` uploaded
+    /// from the op's page table. Returns the output `(rows, heads, d)`.
+    pub(crate) fn forward<T: DeviceRepr + ValidAsZeroBits + CudaDType>(
+        device: &CudaDevice,
+        (q, k, v): (&CudaSlice<T>, &CudaSlice<T>, &CudaSlice<T>),
+        (lq, lk, lv): (&Layout, &Layout, &Layout),
+        dims: Dims,
+        table: &DeviceTable,
+        scale: f32,
+        dtype: KernelDtype,
+    ) -> candle_core::Result<(CudaStorage, Shape)> {
+        let (rows, heads, d) = lq.shape().dims3()?;
+        let (pool_rows, kv_heads, dk) = lk.shape().dims3()?;
+        if (heads, kv_heads, d) != (dims.heads, dims.kv_heads, dims.d) || dk != d {
+            candle_core::bail!(
+                "paged attention: q {:?} and pools {:?} do not match {dims:?}",
+                lq.dims(),
+                lk.dims()
+            );
+        }
+        let call = CallDims {
+            rows,
+            heads,
+            kv_heads,
+            d,
+            pool_rows,
+            scale,
+        };
+        let func = device.get_or_load_custom_func(entry(dtype, d)?, MODULE, ptx()?)?;
+        let mut out = device.alloc_zeros::<T>(lq.shape().elem_count())?;
+        launch(
+            &device.cuda_stream(),
+            &func,
+            &call,
+            (
+                &view(q, lq, "q")?,
+                &view(k, lk, "k pool")?,
+                &view(v, lv, "v pool")?,
+            ),
+            table,
+            &mut out.as_view_mut(),
+        )?;
+        Ok((
+            CudaStorage::wrap_cuda_slice(out, device.clone()),
+            lq.shape().clone(),
+        ))
+    }
+}
+
+#[cfg(feature = "cuda")]
+pub(crate) use on_cuda::forward;

@@ -1,0 +1,182 @@
+//! The CUDA paged decode attention against the CPU op on a GPU (built with `--features cuda` by
+//! `scripts/build-gpu.sh`, run by `scripts/gpu-check.sh`): GQA (16/8, 4/1, 32/8, 10/2), MHA,
+//! head dims 128, 96, 64 and 40, rows of 1, 15, 16, 17, 300 and 1000 tokens with cache blocks
+//! shuffled over the pool, f32 (to 1e-4) and bf16 (to 1e-2); the same op instance applied twice
+//! (the page table is uploaded once). The ignored `gpu_paged_attn_benchmark` times one decode
+//! step's attention (Qwen3-8B heads: 32 query heads, 8 kv heads, head dim 128, bf16) against the
+//! memory bound of reading K and V once, and writes a table to `$PAGED_ATTN_BENCH_OUT` (or
+//! stdout).
+#![cfg(feature = "cuda")]
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{ensure, Result};
+use candle_core::{DType, Device, Tensor};
+use cascade_shared::model::paged::{paged_attention, PageTable, PagedAttention, BLOCK_TOKENS};
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+fn gpu() -> Device {
+    Device::new_cuda(0).unwrap_or_else(|e| panic!("no CUDA device 0: {e}"))
+}
+
+fn randn(rng: &mut ChaCha8Rng, shape: &[usize]) -> Result<Tensor> {
+    let n: usize = shape.iter().product();
+    let data: Vec<f32> = (0..n)
+        .map(|_| (0..4).map(|_| rng.random::<f32>() - 0.5).sum::<f32>())
+        .collect();
+    Ok(Tensor::from_vec(data, shape, &Device::Cpu)?)
+}
+
+fn host(x: &Tensor) -> Result<Vec<f32>> {
+    Ok(x.to_device(&Device::Cpu)?
+        .to_dtype(DType::F32)?
+        .flatten_all()?
+        .to_vec1::<f32>()?)
+}
+
+/// A table for `lens` with its blocks shuffled over a pool of `spare + Σ blocks` blocks;
+/// returns it and the pool's block count.
+fn scattered_table(
+    rng: &mut ChaCha8Rng,
+    lens: &[usize],
+    spare: usize,
+) -> Result<(PageTable, usize)> {
+    let needed: usize = lens.iter().map(|l| l.div_ceil(BLOCK_TOKENS)).sum();
+    let pool_blocks = needed + spare;
+    let mut ids: Vec<u32> = (0..pool_blocks as u32).collect();
+    ids.shuffle(rng);
+    let mut rows = Vec::new();
+    let mut at = 0;
+    for &len in lens {
+        let n = len.div_ceil(BLOCK_TOKENS);
+        rows.push(ids[at..at + n].to_vec());
+        at += n;
+    }
+    let spec: Vec<(&[u32], usize)> = rows
+        .iter()
+        .zip(lens)
+        .map(|(b, &l)| (b.as_slice(), l))
+        .collect();
+    Ok((
+        PageTable::new(&spec).map_err(anyhow::Error::msg)?,
+        pool_blocks,
+    ))
+}
+
+/// Max |a - b| over max |b| (at least 0.01); every value must be finite.
+fn rel_err(a: &[f32], b: &[f32]) -> Result<f32> {
+    ensure!(a.len() == b.len(), "{} vs {} values", a.len(), b.len());
+    let (mut diff, mut scale) = (0f32, 0f32);
+    for (i, (&x, &y)) in a.iter().zip(b).enumerate() {
+        ensure!(x.is_finite() && y.is_finite(), "[{i}]: GPU {x}, CPU {y}");
+        diff = diff.max((x - y).abs());
+        scale = scale.max(y.abs());
+    }
+    Ok(diff / scale.max(0.01))
+}
+
+#[test]
+fn gpu_matches_cpu_op() -> Result<()> {
+    let dev = gpu();
+    // (name, heads, kv heads, d, row lengths)
+    let cases: Vec<(&str, usize, usize, usize, Vec<usize>)> = vec![
+        ("gqa 16/8 d=128", 16, 8, 128, vec![1, 15, 16, 17, 300]),
+        ("gqa 4/1 d=64", 4, 1, 64, vec![300, 17, 1, 16]),
+        ("mha 4/4 d=40", 4, 4, 40, vec![16, 15, 300, 1]),
+        ("gqa 10/2 d=96 (query chunks 4+1)", 10, 2, 96, vec![33, 200]),
+        ("qwen3-8b 32/8 d=128", 32, 8, 128, vec![1000, 1, 517, 64]),
+    ];
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    for (name, h, kvh, d, lens) in cases {
+        let (table, pool_blocks) = scattered_table(&mut rng, &lens, 5)?;
+        let table = Arc::new(table);
+        let pool_rows = pool_blocks * BLOCK_TOKENS;
+        let q = randn(&mut rng, &[lens.len(), h, d])?;
+        let k = randn(&mut rng, &[pool_rows, kvh, d])?;
+        let v = randn(&mut rng, &[pool_rows, kvh, d])?;
+        let scale = 1.0 / (d as f32).sqrt();
+        for (dtype, tol) in [(DType::F32, 1e-4f32), (DType::BF16, 1e-2)] {
+            let [q, k, v] = [&q, &k, &v].map(|x| x.to_dtype(dtype).unwrap());
+            let cpu = host(&paged_attention(&q, &k, &v, &table, scale)?)?;
+            let (qg, kg, vg) = (q.to_device(&dev)?, k.to_device(&dev)?, v.to_device(&dev)?);
+            let gpu_out = host(&paged_attention(&qg, &kg, &vg, &table, scale)?)?;
+            let err = rel_err(&gpu_out, &cpu)?;
+            // One op instance for two calls (as for the layers of a decode step): the table is
+            // uploaded by the first.
+            let op = PagedAttention::new(table.clone(), scale);
+            let first = host(&qg.apply_op3_no_bwd(&kg, &vg, &op)?)?;
+            let second = host(&qg.apply_op3_no_bwd(&kg, &vg, &op)?)?;
+            eprintln!("{name} {dtype:?}: relative error {err:e}");
+            ensure!(err <= tol, "{name} {dtype:?}: off by {err:e} (tol {tol:e})");
+            ensure!(
+                first == gpu_out && second == gpu_out,
+                "{name} {dtype:?}: a reused op instance gives other values"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// One decode step's attention of the Qwen3-8B shape (32 query heads, 8 kv heads, head dim 128,
+/// bf16), one op instance per step as for the layers of a step (the table uploaded once),
+/// against the time to read every row's keys and values once at the H200's ~4.8 TB/s and the
+/// H100's ~3.35 TB/s (nominal HBM bandwidths).
+#[test]
+#[ignore]
+fn gpu_paged_attn_benchmark() -> Result<()> {
+    const H200_BW: f64 = 4.8e12;
+    const H100_BW: f64 = 3.35e12;
+    let dev = gpu();
+    let (h, kvh, d) = (32usize, 8usize, 128usize);
+    let mut table_md = String::from(
+        "## Paged decode attention on the GPU (bf16, 32 heads / 8 kv heads, d 128, shuffled \
+         blocks)\n\n\
+         | rows x tokens | K+V MB | us | GB/s | of 4.8 TB/s (H200) | of 3.35 TB/s (H100) |\n\
+         |---|---|---|---|---|---|\n",
+    );
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    for (rows, len) in [(64usize, 4096usize), (256, 1024), (8, 16384)] {
+        let lens = vec![len; rows];
+        let (table, pool_blocks) = scattered_table(&mut rng, &lens, 0)?;
+        let table = Arc::new(table);
+        let pool_rows = pool_blocks * BLOCK_TOKENS;
+        let mk = |shape: &[usize]| -> Result<Tensor> {
+            Ok(Tensor::randn(0f32, 1f32, shape, &dev)?.to_dtype(DType::BF16)?)
+        };
+        let q = mk(&[rows, h, d])?;
+        let k = mk(&[pool_rows, kvh, d])?;
+        let v = mk(&[pool_rows, kvh, d])?;
+        let scale = 1.0 / (d as f32).sqrt();
+        let op = PagedAttention::new(table.clone(), scale);
+        // Warm-up (NVRTC compile, module load, table upload).
+        q.apply_op3_no_bwd(&k, &v, &op)?;
+        dev.synchronize()?;
+        let reps = 20;
+        let t0 = Instant::now();
+        for _ in 0..reps {
+            q.apply_op3_no_bwd(&k, &v, &op)?;
+        }
+        dev.synchronize()?;
+        let secs = t0.elapsed().as_secs_f64() / reps as f64;
+        // Every row's keys and values, once per kv head (bf16).
+        let bytes = (rows * len * kvh * d * 2 * 2) as f64;
+        let rate = bytes / secs;
+        table_md.push_str(&format!(
+            "| {rows} x {len} | {:.0} | {:.1} | {:.0} | {:.1}% | {:.1}% |\n",
+            bytes / 1e6,
+            secs * 1e6,
+            rate / 1e9,
+            100.0 * rate / H200_BW,
+            100.0 * rate / H100_BW
+        ));
+    }
+    match std::env::var("PAGED_ATTN_BENCH_OUT") {
+        Ok(path) => std::fs::write(&path, &table_md)?,
+        Err(_) => println!("{table_md}"),
+    }
+    println!("{table_md}");
+    Ok(())
+}

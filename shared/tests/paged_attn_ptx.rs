@@ -1,0 +1,57 @@
+//! The paged decode attention kernel compiles to PTX with NVRTC (no GPU needed: NVRTC from the
+//! `nvidia-cuda-nvrtc` wheel, see `scripts/setup-nvrtc.sh`, on `LD_LIBRARY_PATH`).
+//!
+//! Without NVRTC the test fails when `CASCADE_REQUIRE_NVRTC=1` or `CI` is set, and otherwise
+//! skips with a message on stderr.
+#![cfg(feature = "cuda-kernels")]
+
+use cascade_shared::model::paged::cuda::{compile_ptx, nvrtc_available};
+use cascade_shared::model::paged::kernels::{entry_points, THREADS};
+
+fn nvrtc_or_skip() -> bool {
+    if nvrtc_available() {
+        return true;
+    }
+    let required = std::env::var("CASCADE_REQUIRE_NVRTC").is_ok_and(|v| v == "1")
+        || std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "0" && v != "false");
+    assert!(
+        !required,
+        "NVRTC (libnvrtc.so.13) not found but required: run scripts/setup-nvrtc.sh and add the \
+         lib dir it prints to LD_LIBRARY_PATH"
+    );
+    eprintln!("SKIPPED: NVRTC not found; set CASCADE_REQUIRE_NVRTC=1 to make this an error");
+    false
+}
+
+#[test]
+fn paged_attn_kernels_compile_to_ptx() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let ptx = compile_ptx().unwrap_or_else(|log| panic!("paged_attn.cu: {log}"));
+    assert!(ptx.contains(".version"), "not PTX");
+    for entry in entry_points() {
+        let at = ptx
+            .find(&format!(".entry {entry}("))
+            .unwrap_or_else(|| panic!("no entry {entry} in the PTX"));
+        // The launch bound must reach the PTX, so that ptxas keeps every thread of a block of
+        // THREADS (and four such blocks per SM) within the register file.
+        let body = &ptx[at..];
+        let head = &body[..body.find('{').expect("entry body")];
+        assert!(
+            head.contains(&format!(".maxntid {THREADS}, 1, 1")),
+            "{entry} has no launch bound of {THREADS} threads:\n{head}"
+        );
+        assert!(
+            head.contains(&format!(".minnctapersm {}", 512 / THREADS)),
+            "{entry} does not ask for {} blocks per SM:\n{head}",
+            512 / THREADS
+        );
+        // The K/V rows are read with 16-byte loads.
+        let end = body.find("\n}").unwrap_or(body.len());
+        assert!(
+            body[..end].contains("ld.global.nc.v4.u32"),
+            "{entry} reads no 16-byte chunks"
+        );
+    }
+}
