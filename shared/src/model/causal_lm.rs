@@ -46,15 +46,16 @@ pub(crate) enum KvMode<'a> {
     Own,
     /// Attend over this call's keys/values and copy them into the per-layer paged pools
     /// `(pool_rows, kv_heads, hd)` (the prefill of a decode batch): of the `(b * s)` tokens,
-    /// those `take` lists (all when `None`) go to pool rows `rows`, in order.
+    /// those `take` lists (all when `None`) go to the pool rows of `rows`
+    /// ([`paged::row_index`]), in order.
     OwnAndWrite {
         pools: &'a [(Tensor, Tensor)],
         take: Option<&'a Tensor>,
         rows: &'a Tensor,
     },
     /// One decode step (one query per batch row): write each row's key/value into the
-    /// per-layer paged pools `(pool_rows, kv_heads, hd)` at pool row `rows[b]`, then attend
-    /// over the pool rows the op's table lists.
+    /// per-layer paged pools `(pool_rows, kv_heads, hd)` at its pool row (`rows`,
+    /// [`paged::row_index`]), then attend over the pool rows the op's table lists.
     Paged {
         pools: &'a [(Tensor, Tensor)],
         rows: &'a Tensor,

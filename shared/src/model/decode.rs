@@ -280,7 +280,9 @@ impl CausalLm {
             .flat_map(|(slot, p)| (0..p.len()).map(move |i| (*slot, i)))
             .map(|(slot, i)| batch.pool_row(slot, i))
             .collect();
+        let cfg = self.config();
         let to = Tensor::from_vec(pool_rows, rows_tokens(rows), self.device())?;
+        let to = super::paged::row_index(&to, cfg.num_kv_heads(), cfg.head_dim())?;
         // 3. Run the prompts, each layer writing its keys/values into the slots' blocks.
         let last = if self.fused_attention() {
             self.prefill_packed(rows, &batch.pool, &to)?
@@ -357,7 +359,7 @@ impl CausalLm {
         let ids = Tensor::from_vec(ids, (n, width), dev)?;
         let mask = Tensor::from_vec(mask, (n, width), dev)?;
         let (positions, bias) = full_sequence_layout(&ids, Some(&mask), dev)?;
-        let take = Tensor::from_vec(take, to.elem_count(), dev)?;
+        let take = Tensor::from_vec(take, to.dim(0)?, dev)?;
         let hidden = self.run_layers(
             &ids,
             &positions,
@@ -435,7 +437,9 @@ impl CausalLm {
         let attention = PagedAttention::new(Arc::new(table), scale);
         let ids = Tensor::from_vec(ids, (n, 1), dev)?;
         let positions = Tensor::from_vec(pos, (n, 1), dev)?;
+        let cfg = self.config();
         let rows = Tensor::from_vec(rows, n, dev)?;
+        let rows = super::paged::row_index(&rows, cfg.num_kv_heads(), cfg.head_dim())?;
         // 3. One step through the stack.
         let hidden = self.run_layers_masked(
             &ids,

@@ -217,25 +217,31 @@ pub fn gathered_attention(
     out.reshape((rows, heads, d))?.to_dtype(q.dtype())
 }
 
-/// Writes `src` `(n, kv_heads, head_dim)` into rows `rows[i]` of `pool`
-/// `(pool_rows, kv_heads, head_dim)`, in place (candle's `scatter_set`, so any device).
-pub fn write_rows(pool: &Tensor, src: &Tensor, rows: &Tensor) -> candle_core::Result<()> {
+/// Where [`write_rows`] puts `n` tokens: pool rows `rows` `(n)` u32, spread over a token's
+/// `kv_heads × head_dim` elements, `(n, kv_heads × head_dim)` (built once per call of the
+/// model, on its device, and used by every layer).
+pub fn row_index(rows: &Tensor, kv_heads: usize, head_dim: usize) -> candle_core::Result<Tensor> {
+    let n = rows.dims1()?;
+    rows.reshape((n, 1))?
+        .broadcast_as((n, kv_heads * head_dim))?
+        .contiguous()
+}
+
+/// Writes `src` `(n, kv_heads, head_dim)` into `pool` `(pool_rows, kv_heads, head_dim)`, in
+/// place, at the rows `index` ([`row_index`]) names (candle's `scatter_set`, so any device).
+pub fn write_rows(pool: &Tensor, src: &Tensor, index: &Tensor) -> candle_core::Result<()> {
     let (n, kv, d) = src.dims3()?;
     let (pool_rows, pkv, pd) = pool.dims3()?;
-    if (pkv, pd) != (kv, d) || rows.dims1()? != n {
+    if (pkv, pd) != (kv, d) || index.dims() != [n, kv * d] {
         candle_core::bail!(
-            "paged write: {:?} rows into a pool {:?} with {} row indices",
+            "paged write: {:?} rows into a pool {:?} with an index {:?}",
             src.dims(),
             pool.dims(),
-            rows.elem_count()
+            index.dims()
         );
     }
     let flat = pool.reshape((pool_rows, kv * d))?;
-    let index = rows
-        .reshape((n, 1))?
-        .broadcast_as((n, kv * d))?
-        .contiguous()?;
-    flat.scatter_set(&index, &src.reshape((n, kv * d))?.contiguous()?, 0)
+    flat.scatter_set(index, &src.reshape((n, kv * d))?.contiguous()?, 0)
 }
 
 #[cfg(test)]
