@@ -23,4 +23,4 @@ fi
 cargo test --workspace "$@"
 # Every CUDA kernel to PTX (sampler, fused attention); the workspace's feature `cuda-kernels`
 # adds only cudarc to the build above, so nothing else is rebuilt.
-cargo test --workspace --features cuda-kernels,nccl --test ptx --test flash_attn_ptx --test paged_attn_ptx --test nccl_cuda "$@"
+cargo test --workspace --features cuda-kernels,nccl --test ptx --test flash_attn_ptx --test nccl_cuda "$@"

@@ -1,4 +1,5 @@
-//! The fused-attention kernels compile to PTX with NVRTC (no GPU needed: NVRTC from the
+//! The attention kernels, fused (`flash_attn.cu`) and paged decode (`paged_attn.cu`), compile
+//! to PTX with NVRTC (no GPU needed: NVRTC from the
 //! `nvidia-cuda-nvrtc` wheel, see `scripts/setup-nvrtc.sh`, on `LD_LIBRARY_PATH`).
 //!
 //! Without NVRTC the test fails when `CASCADE_REQUIRE_NVRTC=1` or `CI` is set, and otherwise
@@ -7,6 +8,7 @@
 
 use cascade_shared::model::flash_attn::cuda::{compile_ptx, nvrtc_available};
 use cascade_shared::model::flash_attn::kernels::{entry_points, THREADS};
+use cascade_shared::model::paged;
 
 fn nvrtc_or_skip() -> bool {
     if nvrtc_available() {
@@ -41,6 +43,40 @@ fn flash_attn_kernels_compile_to_ptx() {
         assert!(
             head.contains(&format!(".maxntid {THREADS}, 1, 1")),
             "{entry} has no launch bound of {THREADS} threads:\n{head}"
+        );
+    }
+}
+
+#[test]
+fn paged_attn_kernels_compile_to_ptx() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let threads = paged::kernels::THREADS;
+    let ptx = paged::cuda::compile_ptx().unwrap_or_else(|log| panic!("paged_attn.cu: {log}"));
+    assert!(ptx.contains(".version"), "not PTX");
+    for entry in paged::kernels::entry_points() {
+        let at = ptx
+            .find(&format!(".entry {entry}("))
+            .unwrap_or_else(|| panic!("no entry {entry} in the PTX"));
+        // The launch bound must reach the PTX, so that ptxas keeps every thread of a block of
+        // `threads` (and four such blocks per SM) within the register file.
+        let body = &ptx[at..];
+        let head = &body[..body.find('{').expect("entry body")];
+        assert!(
+            head.contains(&format!(".maxntid {threads}, 1, 1")),
+            "{entry} has no launch bound of {threads} threads:\n{head}"
+        );
+        assert!(
+            head.contains(&format!(".minnctapersm {}", 512 / threads)),
+            "{entry} does not ask for {} blocks per SM:\n{head}",
+            512 / threads
+        );
+        // The K/V rows are read with 16-byte loads.
+        let end = body.find("\n}").unwrap_or(body.len());
+        assert!(
+            body[..end].contains("ld.global.nc.v4.u32"),
+            "{entry} reads no 16-byte chunks"
         );
     }
 }

@@ -32,6 +32,12 @@ pub fn nvrtc_available() -> bool {
 
 /// Compiles `flash_attn.cu` to PTX text; the error is NVRTC's log.
 pub fn compile_ptx() -> Result<String, String> {
+    compile_source(FLASH_ATTN_CU, "flash_attn.cu", NVRTC_OPTIONS)
+}
+
+/// Compiles CUDA C `source` (named `name` in NVRTC's messages) to PTX text with `options`; the
+/// error is NVRTC's log, or why NVRTC could not be loaded.
+pub(crate) fn compile_source(source: &str, name: &str, options: &[&str]) -> Result<String, String> {
     if !nvrtc_available() {
         return Err(
             "libnvrtc.so.13 not found (run scripts/setup-nvrtc.sh and put its lib dir on \
@@ -40,11 +46,11 @@ pub fn compile_ptx() -> Result<String, String> {
         );
     }
     let opts = CompileOptions {
-        options: NVRTC_OPTIONS.iter().map(|s| s.to_string()).collect(),
-        name: Some("flash_attn.cu".into()),
+        options: options.iter().map(|s| s.to_string()).collect(),
+        name: Some(name.into()),
         ..Default::default()
     };
-    match compile_ptx_with_opts(FLASH_ATTN_CU, opts) {
+    match compile_ptx_with_opts(source, opts) {
         Ok(ptx) => Ok(ptx.to_src()),
         Err(CompileError::CompileError { log, .. }) => Err(log.to_string_lossy().into_owned()),
         Err(other) => Err(other.to_string()),

@@ -12,7 +12,6 @@ use cudarc::driver::{
     CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, LaunchConfig,
     PushKernelArg,
 };
-use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions};
 
 use super::kernels::{self, NVRTC_OPTIONS, PAGED_ATTN_CU, THREADS};
 use super::PageTable;
@@ -20,23 +19,7 @@ pub use crate::model::flash_attn::cuda::nvrtc_available;
 
 /// Compiles `paged_attn.cu` to PTX text; the error is NVRTC's log.
 pub fn compile_ptx() -> Result<String, String> {
-    if !nvrtc_available() {
-        return Err(
-            "libnvrtc.so.13 not found (run scripts/setup-nvrtc.sh and put its lib dir on \
-                    LD_LIBRARY_PATH)"
-                .into(),
-        );
-    }
-    let opts = CompileOptions {
-        options: NVRTC_OPTIONS.iter().map(|s| s.to_string()).collect(),
-        name: Some("paged_attn.cu".into()),
-        ..Default::default()
-    };
-    match compile_ptx_with_opts(PAGED_ATTN_CU, opts) {
-        Ok(ptx) => Ok(ptx.to_src()),
-        Err(CompileError::CompileError { log, .. }) => Err(log.to_string_lossy().into_owned()),
-        Err(other) => Err(other.to_string()),
-    }
+    crate::model::flash_attn::cuda::compile_source(PAGED_ATTN_CU, "paged_attn.cu", NVRTC_OPTIONS)
 }
 
 /// The PTX of `paged_attn.cu`, compiled on first use and kept for the process.
