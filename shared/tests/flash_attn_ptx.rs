@@ -72,11 +72,24 @@ fn paged_attn_kernels_compile_to_ptx() {
             "{entry} does not ask for {} blocks per SM:\n{head}",
             512 / threads
         );
-        // The K/V rows are read with 16-byte loads.
+        // The K/V rows are read with 16-byte loads (by the decode kernels; the combine kernels
+        // of split calls read f32 records).
         let end = body.find("\n}").unwrap_or(body.len());
+        if entry.starts_with("paged_decode_") {
+            assert!(
+                body[..end].contains("ld.global.nc.v4.u32"),
+                "{entry} reads no 16-byte chunks"
+            );
+        }
+    }
+    for dtype in [
+        paged::kernels::KernelDtype::F32,
+        paged::kernels::KernelDtype::Bf16,
+    ] {
+        let name = paged::kernels::combine_entry(dtype);
         assert!(
-            body[..end].contains("ld.global.nc.v4.u32"),
-            "{entry} reads no 16-byte chunks"
+            paged::kernels::entry_points().contains(&name),
+            "{name} is not checked"
         );
     }
 }

@@ -1,11 +1,14 @@
 //! The CUDA paged decode attention against the CPU op on a GPU (built with `--features cuda` by
 //! `scripts/build-gpu.sh`, run by `scripts/gpu-check.sh`): GQA (16/8, 4/1, 32/8, 10/2), MHA,
-//! head dims 128, 96, 64 and 40, rows of 1, 15, 16, 17, 300 and 1000 tokens with cache blocks
-//! shuffled over the pool, f32 (to 1e-4) and bf16 (to 1e-2); the same op instance applied twice
-//! (the page table is uploaded once). The ignored `gpu_paged_attn_benchmark` times one decode
-//! step's attention (Qwen3-8B heads: 32 query heads, 8 kv heads, head dim 128, bf16) against the
-//! memory bound of reading K and V once, and writes a table to `$PAGED_ATTN_BENCH_OUT` (or
-//! stdout).
+//! head dims 128, 96, 64 and 40, rows of 1 to 6000 tokens with cache blocks shuffled over the
+//! pool, f32 (to 1e-4) and bf16 (to 1e-2); the same op instance applied twice (the page table is
+//! uploaded once). Calls of few rows whose longest row has over 496 tokens take the split-K path
+//! (the launcher's choice is printed per case); `gpu_split_matches_unsplit` runs the launcher
+//! with forced splits (1 and 7) and its own choice on one shape and compares them (f32, to
+//! 1e-5). The ignored `gpu_paged_attn_benchmark` times one decode step's attention (Qwen3-8B
+//! heads: 32 query heads, 8 kv heads, head dim 128, bf16) against the memory bound of reading K
+//! and V once, with the splits the launcher picks per shape, and writes a table to
+//! `$PAGED_ATTN_BENCH_OUT` (or stdout).
 #![cfg(feature = "cuda")]
 
 use std::sync::Arc;
@@ -13,6 +16,8 @@ use std::time::Instant;
 
 use anyhow::{ensure, Result};
 use candle_core::{DType, Device, Tensor};
+use cascade_shared::model::paged::cuda as paged_cuda;
+use cascade_shared::model::paged::kernels::{combine_entry, KernelDtype, SplitPlan};
 use cascade_shared::model::paged::{paged_attention, PageTable, PagedAttention, BLOCK_TOKENS};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -20,6 +25,12 @@ use rand_chacha::ChaCha8Rng;
 
 fn gpu() -> Device {
     Device::new_cuda(0).unwrap_or_else(|e| panic!("no CUDA device 0: {e}"))
+}
+
+/// The split the launcher picks on `dev` for `rows` rows of up to `max_len` tokens.
+fn plan_on(dev: &Device, rows: usize, h: usize, kvh: usize, max_len: usize) -> Result<SplitPlan> {
+    let stream = dev.as_cuda_device()?.cuda_stream();
+    Ok(paged_cuda::split_plan(&stream, rows, h, kvh, max_len)?)
 }
 
 fn randn(rng: &mut ChaCha8Rng, shape: &[usize]) -> Result<Tensor> {
@@ -88,6 +99,8 @@ fn gpu_matches_cpu_op() -> Result<()> {
         ("mha 4/4 d=40", 4, 4, 40, vec![16, 15, 300, 1]),
         ("gqa 10/2 d=96 (query chunks 4+1)", 10, 2, 96, vec![33, 200]),
         ("qwen3-8b 32/8 d=128", 32, 8, 128, vec![1000, 1, 517, 64]),
+        ("long rows 32/8 d=128", 32, 8, 128, vec![6000, 2500, 17]),
+        ("long rows 4/1 d=64", 4, 1, 64, vec![700, 4100]),
     ];
     let mut rng = ChaCha8Rng::seed_from_u64(5);
     for (name, h, kvh, d, lens) in cases {
@@ -98,6 +111,9 @@ fn gpu_matches_cpu_op() -> Result<()> {
         let k = randn(&mut rng, &[pool_rows, kvh, d])?;
         let v = randn(&mut rng, &[pool_rows, kvh, d])?;
         let scale = 1.0 / (d as f32).sqrt();
+        let max_len = lens.iter().copied().max().unwrap_or(0);
+        let plan = plan_on(&dev, lens.len(), h, kvh, max_len)?;
+        eprintln!("{name}: {plan:?}");
         for (dtype, tol) in [(DType::F32, 1e-4f32), (DType::BF16, 1e-2)] {
             let [q, k, v] = [&q, &k, &v].map(|x| x.to_dtype(dtype).unwrap());
             let cpu = host(&paged_attention(&q, &k, &v, &table, scale)?)?;
@@ -120,6 +136,91 @@ fn gpu_matches_cpu_op() -> Result<()> {
     Ok(())
 }
 
+/// The launcher on one shape with forced splits (1: the unsplit path, 7) and its own choice
+/// (more than one split): f32, the split results against the unsplit one to 1e-5, and every
+/// result against the CPU op to 1e-4.
+#[test]
+fn gpu_split_matches_unsplit() -> Result<()> {
+    use candle_core::Storage;
+    let dev = gpu();
+    let cuda = dev.as_cuda_device()?;
+    let stream = cuda.cuda_stream();
+    let (h, kvh, d) = (32usize, 8usize, 128usize);
+    let lens = vec![8000usize, 3000, 17, 1];
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let (table, pool_blocks) = scattered_table(&mut rng, &lens, 3)?;
+    let pool_rows = pool_blocks * BLOCK_TOKENS;
+    let q = randn(&mut rng, &[lens.len(), h, d])?;
+    let k = randn(&mut rng, &[pool_rows, kvh, d])?;
+    let v = randn(&mut rng, &[pool_rows, kvh, d])?;
+    let scale = 1.0 / (d as f32).sqrt();
+    let cpu = host(&paged_attention(
+        &q,
+        &k,
+        &v,
+        &Arc::new(table.clone()),
+        scale,
+    )?)?;
+    let (qg, kg, vg) = (q.to_device(&dev)?, k.to_device(&dev)?, v.to_device(&dev)?);
+    let device_table = paged_cuda::DeviceTable::upload(cuda, &table)?;
+    let dims = paged_cuda::CallDims {
+        rows: lens.len(),
+        heads: h,
+        kv_heads: kvh,
+        d,
+        pool_rows,
+        scale,
+    };
+    let ptx = paged_cuda::ptx()?;
+    let decode = cuda.get_or_load_custom_func(
+        paged_cuda::entry(KernelDtype::F32, d)?,
+        "cascade_paged_attn",
+        ptx,
+    )?;
+    let combine =
+        cuda.get_or_load_custom_func(combine_entry(KernelDtype::F32), "cascade_paged_attn", ptx)?;
+    let (qs, _) = qg.storage_and_layout();
+    let (ks, _) = kg.storage_and_layout();
+    let (vs, _) = vg.storage_and_layout();
+    let (Storage::Cuda(qs), Storage::Cuda(ks), Storage::Cuda(vs)) = (&*qs, &*ks, &*vs) else {
+        anyhow::bail!("tensors not on the GPU");
+    };
+    let (qs, ks, vs) = (
+        qs.as_cuda_slice::<f32>()?,
+        ks.as_cuda_slice::<f32>()?,
+        vs.as_cuda_slice::<f32>()?,
+    );
+    let run = |splits: Option<usize>| -> Result<(SplitPlan, Vec<f32>)> {
+        let mut out = stream.alloc_zeros::<f32>(dims.rows * h * d)?;
+        let plan = paged_cuda::launch(
+            &stream,
+            paged_cuda::Funcs {
+                decode: &decode,
+                combine: &combine,
+            },
+            &dims,
+            (&qs.as_view(), &ks.as_view(), &vs.as_view()),
+            &device_table,
+            &mut out.as_view_mut(),
+            splits,
+        )?;
+        Ok((plan, stream.clone_dtoh(&out)?))
+    };
+    let (one, unsplit) = run(Some(1))?;
+    ensure!(one.splits == 1, "{one:?}");
+    ensure!(rel_err(&unsplit, &cpu)? <= 1e-4, "unsplit vs CPU");
+    for splits in [Some(7), None] {
+        let (plan, got) = run(splits)?;
+        let err = rel_err(&got, &unsplit)?;
+        let err_cpu = rel_err(&got, &cpu)?;
+        eprintln!("{splits:?} -> {plan:?}: vs unsplit {err:e}, vs CPU {err_cpu:e}");
+        ensure!(plan.splits > 1, "{splits:?}: {plan:?} does not split");
+        ensure!(err <= 1e-5, "{plan:?}: off the unsplit result by {err:e}");
+        ensure!(err_cpu <= 1e-4, "{plan:?}: off the CPU op by {err_cpu:e}");
+    }
+    Ok(())
+}
+
 /// One decode step's attention of the Qwen3-8B shape (32 query heads, 8 kv heads, head dim 128,
 /// bf16), one op instance per step as for the layers of a step (the table uploaded once),
 /// against the time to read every row's keys and values once at the H200's ~4.8 TB/s and the
@@ -134,11 +235,17 @@ fn gpu_paged_attn_benchmark() -> Result<()> {
     let mut table_md = String::from(
         "## Paged decode attention on the GPU (bf16, 32 heads / 8 kv heads, d 128, shuffled \
          blocks)\n\n\
-         | rows x tokens | K+V MB | us | GB/s | of 4.8 TB/s (H200) | of 3.35 TB/s (H100) |\n\
-         |---|---|---|---|---|---|\n",
+         | rows x tokens | splits (x cache blocks) | grid | K+V MB | us | GB/s | of 4.8 TB/s (H200) \
+         | of 3.35 TB/s (H100) |\n\
+         |---|---|---|---|---|---|---|---|\n",
     );
     let mut rng = ChaCha8Rng::seed_from_u64(9);
-    for (rows, len) in [(64usize, 4096usize), (256, 1024), (8, 16384)] {
+    let sms = paged_cuda::sm_count(&dev.as_cuda_device()?.cuda_stream())?;
+    println!("{sms} SMs");
+    for (rows, len) in [(64usize, 4096usize), (256, 1024), (8, 16384), (16, 40960)] {
+        let plan = plan_on(&dev, rows, h, kvh, len)?;
+        let grid = plan.grid(rows, h, kvh);
+        println!("{rows} x {len}: {plan:?}, grid {grid}");
         let lens = vec![len; rows];
         let (table, pool_blocks) = scattered_table(&mut rng, &lens, 0)?;
         let table = Arc::new(table);
@@ -165,7 +272,9 @@ fn gpu_paged_attn_benchmark() -> Result<()> {
         let bytes = (rows * len * kvh * d * 2 * 2) as f64;
         let rate = bytes / secs;
         table_md.push_str(&format!(
-            "| {rows} x {len} | {:.0} | {:.1} | {:.0} | {:.1}% | {:.1}% |\n",
+            "| {rows} x {len} | {} (x {}) | {grid} | {:.0} | {:.1} | {:.0} | {:.1}% | {:.1}% |\n",
+            plan.splits,
+            plan.split_blocks,
             bytes / 1e6,
             secs * 1e6,
             rate / 1e9,

@@ -7,10 +7,17 @@
 //! 16, 17, 33, 200 and 300 tokens, cache blocks shuffled over a pool with unused blocks between
 //! them, f32 (to 1e-5) and bf16 (to 1e-2).
 //!
+//! Split-K (flash-decoding: the decode kernel writes each split's partial state to a workspace,
+//! the combine kernel merges them) is forced with 2, 3 and 7 splits on rows of 1, 17, 300 and
+//! 1000 tokens (short rows leave splits empty; with 7 splits of 9 cache blocks, so do warps),
+//! GQA 32/8 d=128 and 4/1 d=64, f32 and bf16, against the CPU kernel and, in f32, against the
+//! unsplit kernel (to 1e-5). The workspace and the output start as NaN in the driver, so that a
+//! record or element left unwritten fails the test.
+//!
 //! The kernel is built with blocks of 32 threads (one warp walks every cache block; fast to
 //! emulate), with 64 (two warps, combined at the end) and once with the 128 threads the CUDA
 //! launcher uses. What only hardware decides (the NVRTC build, speed) is checked elsewhere:
-//! `tests/paged_attn_ptx.rs` compiles the kernel to PTX, `tests/paged_attn_cuda.rs` runs it on
+//! `tests/flash_attn_ptx.rs` compiles the kernel to PTX, `tests/paged_attn_cuda.rs` runs it on
 //! a GPU (`scripts/gpu-check.sh`).
 
 #[path = "../../tests/cuda_emu/build.rs"]
@@ -22,7 +29,7 @@ use std::sync::Arc;
 
 use anyhow::{ensure, Context, Result};
 use candle_core::{DType, Device, Tensor};
-use cascade_shared::model::paged::kernels::THREADS;
+use cascade_shared::model::paged::kernels::{SplitPlan, THREADS};
 use cascade_shared::model::paged::{paged_attention, PageTable, BLOCK_TOKENS};
 use half::bf16;
 use rand::seq::SliceRandom;
@@ -121,12 +128,14 @@ fn decode(buf: &[u8], dtype: DType) -> Vec<f32> {
     }
 }
 
-/// The emulated kernel's output (as f32).
+/// The emulated kernel's output (as f32), with `splits` forced as the launcher's `Some(splits)`
+/// does (1: unsplit).
 fn emulated(
     threads: u32,
     (q, k, v): (&Tensor, &Tensor, &Tensor),
     table: &PageTable,
     scale: f32,
+    splits: usize,
 ) -> Result<Vec<f32>> {
     let (rows, heads, d) = q.dims3()?;
     let (pool_rows, kv_heads, _) = k.dims3()?;
@@ -140,6 +149,11 @@ fn emulated(
         input.extend(x.to_le_bytes());
     }
     input.extend(scale.to_le_bytes());
+    let max_len = table.lens().iter().max().map_or(0, |&l| l as usize);
+    let plan = SplitPlan::forced(max_len, splits);
+    for x in [plan.splits as u32, plan.split_blocks as u32] {
+        input.extend(x.to_le_bytes());
+    }
     input.extend(
         table
             .blocks()
@@ -189,6 +203,18 @@ fn rel_err(a: &[f32], b: &[f32]) -> Result<f32> {
 /// Runs `case` through the CPU op and the emulated kernel; asserts agreement within the
 /// dtype's tolerance and returns the relative error.
 fn check(case: &Case, dtype: DType, threads: u32, seed: u64) -> Result<f32> {
+    check_splits(case, dtype, threads, seed, &[1])
+}
+
+/// [`check`] with each of `splits` forced (the largest error); with splits > 1 in f32 also
+/// against the unsplit kernel (to 1e-5: the same sums, rescaled in two levels).
+fn check_splits(
+    case: &Case,
+    dtype: DType,
+    threads: u32,
+    seed: u64,
+    splits: &[usize],
+) -> Result<f32> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let (table, pool_blocks) = scattered_table(&mut rng, &case.lens)?;
     let table = Arc::new(table);
@@ -203,20 +229,38 @@ fn check(case: &Case, dtype: DType, threads: u32, seed: u64) -> Result<f32> {
         .to_dtype(DType::F32)?
         .flatten_all()?
         .to_vec1::<f32>()?;
-    let got = emulated(threads, (&q, &k, &v), &table, scale)?;
-    let err = rel_err(&got, &cpu)?;
     let tol = if dtype == DType::F32 { 1e-5 } else { 1e-2 };
-    eprintln!(
-        "{} {dtype:?} {threads} threads: relative error {err:e}",
-        case.name
-    );
-    ensure!(
-        err <= tol,
-        "{} ({dtype:?}, {threads} threads): differs from the CPU kernel by {err:e} (tolerance \
-         {tol:e})",
-        case.name
-    );
-    Ok(err)
+    let mut unsplit = None;
+    let mut worst = 0f32;
+    for &splits in splits {
+        let got = emulated(threads, (&q, &k, &v), &table, scale, splits)?;
+        let err = rel_err(&got, &cpu)?;
+        eprintln!(
+            "{} {dtype:?} {threads} threads, {splits} splits: relative error {err:e}",
+            case.name
+        );
+        ensure!(
+            err <= tol,
+            "{} ({dtype:?}, {threads} threads, {splits} splits): differs from the CPU kernel by \
+             {err:e} (tolerance {tol:e})",
+            case.name
+        );
+        worst = worst.max(err);
+        if splits > 1 && dtype == DType::F32 {
+            if unsplit.is_none() {
+                unsplit = Some(emulated(threads, (&q, &k, &v), &table, scale, 1)?);
+            }
+            let err = rel_err(&got, unsplit.as_ref().unwrap())?;
+            eprintln!("  against the unsplit kernel: relative error {err:e}");
+            ensure!(
+                err <= 1e-5,
+                "{} ({threads} threads, {splits} splits): differs from the unsplit kernel by \
+                 {err:e}",
+                case.name
+            );
+        }
+    }
+    Ok(worst)
 }
 
 fn cases() -> Vec<Case> {
@@ -286,5 +330,63 @@ fn kernel_matches_with_several_warps() -> Result<()> {
     }
     check(&cases[0], DType::BF16, THREADS, 40)?;
     check(&cases[2], DType::F32, THREADS, 41)?;
+    Ok(())
+}
+
+fn split_cases() -> Vec<Case> {
+    vec![
+        Case {
+            name: "split gqa 32/8 d=128",
+            heads: 32,
+            kv_heads: 8,
+            d: 128,
+            lens: vec![1, 17, 300, 1000],
+        },
+        Case {
+            name: "split gqa 4/1 d=64",
+            heads: 4,
+            kv_heads: 1,
+            d: 64,
+            lens: vec![1000, 300, 17, 1],
+        },
+    ]
+}
+
+/// Split-K forced: 2, 3 and 7 splits (of 32, 21 and 9 cache blocks of the 1000-token row; the
+/// shorter rows leave splits empty), one warp per block.
+fn split_kernel_matches(dtype: DType, seed: u64) -> Result<()> {
+    for (i, case) in split_cases().iter().enumerate() {
+        check_splits(case, dtype, 32, seed + i as u64, &[2, 3, 7])?;
+    }
+    Ok(())
+}
+
+#[test]
+fn split_kernel_matches_the_cpu_kernel_f32() -> Result<()> {
+    split_kernel_matches(DType::F32, 50)
+}
+
+#[test]
+fn split_kernel_matches_the_cpu_kernel_bf16() -> Result<()> {
+    split_kernel_matches(DType::BF16, 60)
+}
+
+/// Split-K with the launcher's block size (four warps over a split's cache blocks, some warps
+/// without any), and more splits than the longest row has cache blocks (empty for every row).
+#[test]
+fn split_kernel_matches_with_several_warps() -> Result<()> {
+    let cases = split_cases();
+    check_splits(&cases[0], DType::BF16, THREADS, 70, &[7])?;
+    check_splits(&cases[1], DType::F32, THREADS, 71, &[3])?;
+    check_splits(&cases[1], DType::F32, 64, 72, &[2])?;
+    let short = Case {
+        name: "split mha 2/2 d=40, 80 splits of one cache block",
+        heads: 2,
+        kv_heads: 2,
+        d: 40,
+        lens: vec![1000, 5],
+    };
+    check_splits(&short, DType::F32, 32, 73, &[80])?;
+    check_splits(&short, DType::BF16, 64, 74, &[80])?;
     Ok(())
 }

@@ -3,17 +3,23 @@
 //! op ([`super::PagedAttention`], feature `cuda`) calls `forward` (feature `cuda`) with the
 //! device buffers of candle's tensors and a [`DeviceTable`], on candle's stream.
 //!
+//! A call whose unsplit grid is too small for the GPU splits each row over the token axis
+//! (flash-decoding, [`kernels::split_plan`] from the device's SM count, queried once per device):
+//! pass 1 writes each split's partial softmax state to an f32 workspace allocated per call, pass 2
+//! (`paged_combine_*`) combines the splits in order and writes the output.
+//!
 //! With `cuda-kernels` alone, cudarc loads `libnvrtc` lazily and *panics* when it is missing, so
 //! [`ptx`] checks [`nvrtc_available`] first and returns an error instead.
 
-use std::sync::{Arc, OnceLock};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{
     CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, LaunchConfig,
     PushKernelArg,
 };
 
-use super::kernels::{self, NVRTC_OPTIONS, PAGED_ATTN_CU, THREADS};
+use super::kernels::{self, SplitPlan, NVRTC_OPTIONS, PAGED_ATTN_CU, THREADS};
 use super::PageTable;
 pub use crate::model::flash_attn::cuda::nvrtc_available;
 
@@ -41,6 +47,7 @@ pub struct DeviceTable {
     rows: usize,
     width: usize,
     rows_needed: usize,
+    max_len: usize,
 }
 
 impl DeviceTable {
@@ -58,6 +65,7 @@ impl DeviceTable {
             rows: table.rows(),
             width: table.width(),
             rows_needed: table.rows_needed(),
+            max_len: table.lens().iter().max().map_or(0, |&l| l as usize),
         }
     }
 
@@ -89,6 +97,11 @@ impl DeviceTable {
     /// The largest pool row the table reads, plus one.
     pub fn rows_needed(&self) -> usize {
         self.rows_needed
+    }
+
+    /// Tokens of the longest row.
+    pub fn max_len(&self) -> usize {
+        self.max_len
     }
 }
 
@@ -149,17 +162,67 @@ pub fn entry(dtype: kernels::KernelDtype, d: usize) -> candle_core::Result<&'sta
     }
 }
 
-/// Enqueues the paged decode attention: `out` (like `q`) is written in full. `func` is
-/// [`entry`]`(dtype of T, dims.d)`; `table` was uploaded from the host table the shapes came
-/// from.
+/// The SM count of the device of `stream`, queried once per device and kept for the process.
+pub fn sm_count(stream: &Arc<CudaStream>) -> candle_core::Result<usize> {
+    static SMS: Mutex<BTreeMap<usize, usize>> = Mutex::new(BTreeMap::new());
+    let ctx = stream.context();
+    let mut sms = SMS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(&n) = sms.get(&ctx.ordinal()) {
+        return Ok(n);
+    }
+    let n = ctx
+        .attribute(
+            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )
+        .map_err(wrap)?;
+    let n = usize::try_from(n).unwrap_or(0);
+    sms.insert(ctx.ordinal(), n);
+    Ok(n)
+}
+
+/// The split [`launch`] picks for `rows` rows of up to `max_len` tokens on the device of
+/// `stream`: [`kernels::split_plan`] with the device's SM count.
+pub fn split_plan(
+    stream: &Arc<CudaStream>,
+    rows: usize,
+    heads: usize,
+    kv_heads: usize,
+    max_len: usize,
+) -> candle_core::Result<SplitPlan> {
+    Ok(kernels::split_plan(
+        rows,
+        kv_heads,
+        kernels::query_chunks(heads, kv_heads),
+        max_len,
+        sm_count(stream)?,
+    ))
+}
+
+/// The kernels of one dtype: [`entry`]`(dtype, d)` (pass 1, or the whole unsplit call) and
+/// [`kernels::combine_entry`]`(dtype)` (pass 2).
+#[derive(Debug, Clone, Copy)]
+pub struct Funcs<'a> {
+    /// `paged_decode_*`.
+    pub decode: &'a CudaFunction,
+    /// `paged_combine_*`.
+    pub combine: &'a CudaFunction,
+}
+
+/// Enqueues the paged decode attention: `out` (like `q`) is written in full. `funcs` are those
+/// of the dtype of `T` and `dims.d`; `table` was uploaded from the host table the shapes came
+/// from. `splits`: `None` picks them with [`split_plan`] (the device's SM count, the table's
+/// longest row), `Some(n)` forces `n` splits ([`SplitPlan::forced`]; for tests). Returns the
+/// split used; with more than one split the f32 workspace of pass 1 is allocated on `stream`
+/// for the call (freed in stream order).
 pub fn launch<T: DeviceRepr>(
     stream: &Arc<CudaStream>,
-    func: &CudaFunction,
+    funcs: Funcs<'_>,
     dims: &CallDims,
     (q, k, v): (&CudaView<'_, T>, &CudaView<'_, T>, &CudaView<'_, T>),
     table: &DeviceTable,
     out: &mut CudaViewMut<'_, T>,
-) -> candle_core::Result<()> {
+    splits: Option<usize>,
+) -> candle_core::Result<SplitPlan> {
     if dims.d == 0 || dims.d > kernels::MAX_HEAD_DIM {
         candle_core::bail!(
             "paged attention: head dim {} is not supported by the CUDA kernel (1..={})",
@@ -193,7 +256,7 @@ pub fn launch<T: DeviceRepr>(
     check_len("v pool", v.len(), dims.pool_len())?;
     check_len("out", out.len(), dims.q_len())?;
     if dims.q_len() == 0 {
-        return Ok(());
+        return Ok(SplitPlan::unsplit(table.max_len));
     }
     check_len(
         "block table",
@@ -211,41 +274,91 @@ pub fn launch<T: DeviceRepr>(
         kernels::query_chunks(dims.heads, dims.kv_heads),
         "query chunks",
     )?;
-    let blocks = kernels::grid(dims.rows, dims.heads, dims.kv_heads);
-    let blocks = u32::try_from(blocks)
-        .ok()
-        .filter(|&b| b < i32::MAX as u32)
-        .ok_or_else(|| {
-            candle_core::Error::Msg(format!("paged attention: grid of {blocks} blocks"))
-        })?;
+    let plan = match splits {
+        Some(n) => SplitPlan::forced(table.max_len, n),
+        None => split_plan(stream, dims.rows, dims.heads, dims.kv_heads, table.max_len)?,
+    };
+    let grid_of = |blocks: usize| {
+        u32::try_from(blocks)
+            .ok()
+            .filter(|&b| b < i32::MAX as u32)
+            .ok_or_else(|| {
+                candle_core::Error::Msg(format!("paged attention: grid of {blocks} blocks"))
+            })
+    };
+    let blocks = grid_of(plan.grid(dims.rows, dims.heads, dims.kv_heads))?;
+    let (n_splits, split_blocks) = (
+        fit(plan.splits, "splits")?,
+        fit(plan.split_blocks, "split blocks")?,
+    );
+    // Pass 1's records: every (row, head, split) record is written by pass 1 before pass 2
+    // reads it (same stream), so the buffer need not be zeroed. None when unsplit: the kernel
+    // gets a null `part` and does not touch it.
+    let ws_len = plan.workspace_len(dims.rows, dims.heads, dims.d);
+    let mut part = if ws_len > 0 {
+        // SAFETY: f32 has no invalid bit patterns, and the contents are written before being
+        // read (above).
+        Some(unsafe { stream.alloc::<f32>(ws_len) }.map_err(wrap)?)
+    } else {
+        None
+    };
+    let null_part: u64 = 0;
     let cfg = LaunchConfig {
         grid_dim: (blocks, 1, 1),
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
-    let mut launch = stream.launch_builder(func);
-    launch
-        .arg(q)
-        .arg(k)
-        .arg(v)
-        .arg(&table.blocks)
-        .arg(&table.lens)
-        .arg(out)
-        .arg(&heads)
-        .arg(&kv_heads)
-        .arg(&d)
-        .arg(&width)
-        .arg(&q_chunks)
-        .arg(&dims.scale);
-    // SAFETY: the arguments match `paged_decode_*(const T* q, const T* k, const T* v, const
-    // unsigned* blocks, const unsigned* lens, T* out, unsigned heads, unsigned kv_heads,
-    // unsigned d, unsigned width, unsigned q_chunks, float scale)`. q/out hold rows * heads * d
-    // and the pools pool_rows * kv_heads * d elements (checked above); the table has rows * width
-    // block ids and rows lengths, uploaded from a validated host table whose every row reads
-    // pool rows below `rows_needed <= pool_rows` only (checked above), so every load is in
-    // bounds; each block writes only the out rows of its own (row, query heads).
-    unsafe { launch.launch(cfg) }.map_err(wrap)?;
-    Ok(())
+    {
+        let mut launch = stream.launch_builder(funcs.decode);
+        launch
+            .arg(q)
+            .arg(k)
+            .arg(v)
+            .arg(&table.blocks)
+            .arg(&table.lens)
+            .arg(&mut *out);
+        match part.as_mut() {
+            Some(part) => launch.arg(part),
+            None => launch.arg(&null_part),
+        };
+        launch
+            .arg(&heads)
+            .arg(&kv_heads)
+            .arg(&d)
+            .arg(&width)
+            .arg(&q_chunks)
+            .arg(&n_splits)
+            .arg(&split_blocks)
+            .arg(&dims.scale);
+        // SAFETY: the arguments match `paged_decode_*(const T* q, const T* k, const T* v, const
+        // unsigned* blocks, const unsigned* lens, T* out, float* part, unsigned heads, unsigned
+        // kv_heads, unsigned d, unsigned width, unsigned q_chunks, unsigned splits, unsigned
+        // split_blocks, float scale)` (`part` a 64-bit zero, a null pointer, when unsplit: then
+        // the kernel does not touch it). q/out hold rows * heads * d and the pools pool_rows *
+        // kv_heads * d elements (checked above); the table has rows * width block ids and rows
+        // lengths, uploaded from a validated host table whose every row reads pool rows below
+        // `rows_needed <= pool_rows` only (checked above), so every load is in bounds (a split
+        // reads only cache blocks below its row's length). The grid is rows * kv_heads * splits
+        // * q_chunks; each block writes only the out rows of its own (row, query heads) when
+        // unsplit, else only its own records of `part` (rows * heads * splits * (d + 2) floats,
+        // the workspace's length).
+        unsafe { launch.launch(cfg) }.map_err(wrap)?;
+    }
+    if let Some(part) = &part {
+        let cfg = LaunchConfig {
+            grid_dim: (grid_of(dims.rows * dims.heads)?, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut launch = stream.launch_builder(funcs.combine);
+        launch.arg(part).arg(out).arg(&d).arg(&n_splits);
+        // SAFETY: the arguments match `paged_combine_*(const float* part, T* out, unsigned d,
+        // unsigned splits)`; the grid is rows * heads, block i reads records [i * splits,
+        // (i + 1) * splits) of d + 2 floats of `part` (written by pass 1 above, on the same
+        // stream) and writes row i (d elements) of `out` (rows * heads * d, checked above).
+        unsafe { launch.launch(cfg) }.map_err(wrap)?;
+    }
+    Ok(plan)
 }
 
 /// The candle side: candle's device buffers in, [`launch`] on candle's stream.
@@ -256,8 +369,9 @@ mod on_cuda {
     use cudarc::driver::{CudaSlice, CudaView, DeviceRepr, ValidAsZeroBits};
 
     use super::super::cpu::Dims;
+    use super::super::kernels::combine_entry;
     use super::super::kernels::KernelDtype;
-    use super::{entry, launch, ptx, CallDims, DeviceTable};
+    use super::{entry, launch, ptx, CallDims, DeviceTable, Funcs};
 
     /// candle's cache key for the loaded `paged_attn.cu` module.
     const MODULE: &str = "cascade_paged_attn";
@@ -303,11 +417,15 @@ mod on_cuda {
             pool_rows,
             scale,
         };
-        let func = device.get_or_load_custom_func(entry(dtype, d)?, MODULE, ptx()?)?;
+        let decode = device.get_or_load_custom_func(entry(dtype, d)?, MODULE, ptx()?)?;
+        let combine = device.get_or_load_custom_func(combine_entry(dtype), MODULE, ptx()?)?;
         let mut out = device.alloc_zeros::<T>(lq.shape().elem_count())?;
         launch(
             &device.cuda_stream(),
-            &func,
+            Funcs {
+                decode: &decode,
+                combine: &combine,
+            },
             &call,
             (
                 &view(q, lq, "q")?,
@@ -316,6 +434,7 @@ mod on_cuda {
             ),
             table,
             &mut out.as_view_mut(),
+            None,
         )?;
         Ok((
             CudaStorage::wrap_cuda_slice(out, device.clone()),

@@ -9,13 +9,28 @@
 // group. So one CUDA block serves one (row, kv head, chunk of up to PA_QUERIES = 4 query heads of
 // the group) and reads each K/V row of that group once; a group of more than 4 query heads
 // (Qwen3-14B: 5, Qwen3-32B: 8) is split over several blocks, each reading the group's K/V (the
-// second read mostly from L2: the blocks are adjacent in the grid). 1-D grid of
-// rows * kv_heads * q_chunks blocks, q_chunks = ceil(rep / PA_QUERIES), chunk fastest.
+// second read mostly from L2: the blocks are adjacent in the grid). q_chunks = ceil(rep /
+// PA_QUERIES).
+//
+// Split-K (flash-decoding): rows * kv_heads * q_chunks blocks can be too few for the GPU (16
+// rows x 8 kv heads = 128 blocks for 132 SMs that each hold 4), so the launcher (../cuda.rs,
+// choosing with split_plan of ../kernels.rs) may also split each row's cache blocks into
+// `splits` ranges of `split_blocks` cache blocks, one CUDA block each:
+//   - splits == 1: 1-D grid of rows * kv_heads * q_chunks blocks (chunk fastest), each covering
+//     its row whole and writing out (the path without splitting);
+//   - splits > 1: pass 1, grid rows * kv_heads * splits * q_chunks (chunk fastest, then split),
+//     block s covering cache blocks [s * split_blocks, (s + 1) * split_blocks) of its row (none
+//     past the row's end), writes its unnormalised state per query head into the f32 workspace
+//     `part`: record (row * heads + head) * splits + s of d + 2 floats, (m, l, acc[0..d]) (m =
+//     -inf, l = 0, acc = 0 for a split without tokens). Pass 2 (paged_combine_*, grid rows *
+//     heads, a thread per column) combines a (row, head)'s records in split order, as step 7
+//     below combines warps, and writes out (deterministic: no atomics, fixed orders). The result
+//     equals the unsplit one up to f32 rounding (the rescaling is done in two levels).
 //
 // Inside a block (THREADS threads = PA_WARPS warps; block barriers only at the start and end):
 //   - the block's queries, pre-scaled, go to shared memory as f32 (read back as 16-byte chunks);
-//   - warp w walks the row's cache blocks w, w + PA_WARPS, ... (16 tokens each) with its own
-//     online-softmax state;
+//   - warp w walks the block's cache blocks (of its row, or of its split) b_begin + w,
+//     b_begin + w + PA_WARPS, ... (16 tokens each) with its own online-softmax state;
 //   - per cache block, a warp step covers TPS tokens: each lane reads one 16-byte chunk of one
 //     token's row, LPT = DMAX * sizeof(T) / 16 lanes per row (TPS = 1, 2 or 4), so a step is
 //     one coalesced 512-byte read at d = DMAX; the cache block's K loads are all issued first,
@@ -27,17 +42,19 @@
 //   - values: acc = acc * corr + sum_j p_j V_j per lane (its column chunk, its tokens; fmaf);
 //   - at the end each warp sums its acc over the lanes sharing columns, then the block combines
 //     the warps' (m, l, acc) in shared memory: m = max m_w, o = sum_w acc_w e^(m_w - m) /
-//     sum_w l_w e^(m_w - m), in warp order (deterministic: no atomics, fixed orders).
+//     sum_w l_w e^(m_w - m), in warp order (deterministic: no atomics, fixed orders), and
+//     writes out, or with splits > 1 the records (m, l = sum_w l_w e^(m_w - m), acc = sum_w
+//     acc_w e^(m_w - m)).
 // Head dims: a 64-column layout for d <= 64 and a 128-column one for d <= 128, separate entry
 // points so that each gets the registers of its own layout (at most 128 at 128 threads: ptxas
-// reports 100-128 and no spills for sm_90, so four blocks, 16 warps, fit an SM). Chunks are
-// read with one 16-byte load when d is a multiple of the chunk and k/v are 16-byte aligned,
-// else element by element (same values).
+// 13.0 reports 101-128 and no spills for sm_90, so four blocks, 16 warps, fit an SM; the d128
+// kernels are at the edge: the split index is read from blockIdx again after the main loop, see
+// pa_block_index, else f32 d128 spills a few bytes, as it does for sm_80; the combine kernels
+// use 43). Chunks are read with one 16-byte load when d is a multiple of the chunk and k/v are
+// 16-byte aligned, else element by element (same values).
 //
-// What would make it faster (not done): splitting long rows over several blocks with a second
-// combine pass (flash-decoding: a batch of few long rows fills few SMs here, e.g. 8 rows x 8 kv
-// heads = 64 blocks for 132 SMs), double-buffering the next cache block's K/V (cp.async / TMA),
-// exp2 with a folded log2(e) scale, and tensor-core MMA for groups of 8 or more query heads.
+// What would make it faster (not done): double-buffering the next cache block's K/V (cp.async /
+// TMA), exp2 with a folded log2(e) scale, and tensor-core MMA for groups of 8 or more query heads.
 
 #ifndef THREADS
 #define THREADS 128
@@ -70,6 +87,20 @@ struct alignas(16) pa_chunk {
 } PA_MAY_ALIAS;
 
 __device__ __forceinline__ float pa_inf() { return __int_as_float(0x7f800000); }
+
+// blockIdx.x, read again where called: an inline-asm read, which the compiler does not merge
+// with the blockIdx.x read at the kernel's start, so that what is derived from it need not stay
+// in a register through the main loop. Not `asm volatile`: that would count as a possible memory
+// write and cost the K/V loads their read-only (ld.global.nc) path.
+__device__ __forceinline__ unsigned int pa_block_index() {
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+    unsigned int i;
+    asm("mov.u32 %0, %%ctaid.x;" : "=r"(i));
+    return i;
+#else
+    return blockIdx.x;
+#endif
+}
 
 __device__ __forceinline__ unsigned int pa_min(unsigned int a, unsigned int b) {
     return a < b ? a : b;
@@ -159,10 +190,11 @@ __device__ __forceinline__ void pa_decode(const T* __restrict__ q, const T* __re
                                           const T* __restrict__ v,
                                           const unsigned int* __restrict__ blocks,
                                           const unsigned int* __restrict__ lens,
-                                          T* __restrict__ out, unsigned int heads,
-                                          unsigned int kv_heads, unsigned int d,
-                                          unsigned int width, unsigned int q_chunks, float scale,
-                                          PaShared sh) {
+                                          T* __restrict__ out, float* __restrict__ part,
+                                          unsigned int heads, unsigned int kv_heads,
+                                          unsigned int d, unsigned int width,
+                                          unsigned int q_chunks, unsigned int splits,
+                                          unsigned int split_blocks, float scale, PaShared sh) {
     constexpr unsigned int BT = PA_BLOCK_TOKENS, QN = PA_QUERIES;
     constexpr unsigned int VEC = PaElem<T>::VEC;
     constexpr unsigned int LPT = DMAX / VEC;  // lanes per token row
@@ -175,13 +207,18 @@ __device__ __forceinline__ void pa_decode(const T* __restrict__ q, const T* __re
     static_assert(DMAX <= PA_MAX_HEAD_DIM, "head dim");
 
     const unsigned int chunk = blockIdx.x % q_chunks;
-    const unsigned int group = blockIdx.x / q_chunks;
+    const unsigned int split = blockIdx.x / q_chunks % splits;
+    const unsigned int group = blockIdx.x / q_chunks / splits;
     const unsigned int row = group / kv_heads, g = group % kv_heads;
     const unsigned int rep = heads / kv_heads;
     const unsigned int h0 = g * rep + chunk * QN;  // first query head of the block
     const unsigned int nq = pa_min(QN, rep - chunk * QN);
     const unsigned int len = lens[row];
     const unsigned int n_blocks = (len + BT - 1) / BT;
+    // The block's cache blocks [b_begin, b_end): the row's all when splits == 1, else split
+    // `split` of split_blocks cache blocks (empty past the row's end).
+    const unsigned int b_begin = splits == 1 ? 0u : pa_min(n_blocks, split * split_blocks);
+    const unsigned int b_end = splits == 1 ? n_blocks : pa_min(n_blocks, b_begin + split_blocks);
     const unsigned int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const unsigned int sub = lane / LPT;           // token of a warp step
     const unsigned int col0 = (lane % LPT) * VEC;  // first column of the lane's chunk
@@ -210,7 +247,7 @@ __device__ __forceinline__ void pa_decode(const T* __restrict__ q, const T* __re
     float m_run = -pa_inf(), l_run = 0.0f;  // of query hq
 
 #pragma unroll 1
-    for (unsigned int b = warp; b < n_blocks; b += PA_WARPS) {
+    for (unsigned int b = b_begin + warp; b < b_end; b += PA_WARPS) {
         const unsigned int n = pa_min(BT, len - b * BT);
         const unsigned long long base = static_cast<unsigned long long>(table[b]) * BT;
         // 1. The lane's K chunks of this cache block.
@@ -329,7 +366,8 @@ __device__ __forceinline__ void pa_decode(const T* __restrict__ q, const T* __re
     }
     __syncthreads();
 
-    // 7. Combine the warps, in warp order.
+    // 7. Combine the warps, in warp order; the output, or with splits > 1 the split's partial
+    //    record (m, l, acc[d]) of each query head.
     for (unsigned int e = threadIdx.x; e < nq * d; e += THREADS) {
         const unsigned int h = e / d, c = e % d;
         float m = -pa_inf();
@@ -344,25 +382,67 @@ __device__ __forceinline__ void pa_decode(const T* __restrict__ q, const T* __re
             l += sh.l[w][h] * wt;
             o += sh.acc[w][h][c] * wt;
         }
-        out[(static_cast<unsigned long long>(row) * heads + h0 + h) * d + c] =
+        const unsigned long long at = static_cast<unsigned long long>(row) * heads + h0 + h;
+        if (splits == 1) {
+            out[at * d + c] = PaElem<T>::from_f32(l > 0.0f ? o * (1.0f / l) : 0.0f);
+        } else {
+            // The split, from blockIdx again: not kept in a register through the main loop.
+            const unsigned int sp = pa_block_index() / q_chunks % splits;
+            float* rec = part + (at * splits + sp) * (d + 2);
+            if (c == 0) {
+                rec[0] = m;  // -inf for a split without tokens (then l = 0, acc = 0)
+                rec[1] = l;
+            }
+            rec[2 + c] = o;
+        }
+    }
+}
+
+// Pass 2 of a split call: out[r, h] from the splits' records part[(r * heads + h) * splits + s]
+// = (m, l, acc[d]): m = max_s m_s, out = sum_s acc_s e^(m_s - m) / sum_s l_s e^(m_s - m), in
+// split order (deterministic), as step 7 combines warps. One block per (row, head), one thread
+// per column.
+template <class T>
+__device__ __forceinline__ void pa_combine(const float* __restrict__ part, T* __restrict__ out,
+                                           unsigned int d, unsigned int splits) {
+    const unsigned long long stride = d + 2;
+    const float* rec = part + static_cast<unsigned long long>(blockIdx.x) * splits * stride;
+    for (unsigned int c = threadIdx.x; c < d; c += THREADS) {
+        float m = -pa_inf();
+        for (unsigned int s = 0; s < splits; ++s) m = fmaxf(m, rec[s * stride]);
+        float l = 0.0f, o = 0.0f;
+        for (unsigned int s = 0; s < splits; ++s) {
+            const float ms = rec[s * stride];
+            if (ms == -pa_inf()) continue;  // a split without tokens
+            const float wt = expf(ms - m);
+            l += rec[s * stride + 1] * wt;
+            o += rec[s * stride + 2 + c] * wt;
+        }
+        out[static_cast<unsigned long long>(blockIdx.x) * d + c] =
             PaElem<T>::from_f32(l > 0.0f ? o * (1.0f / l) : 0.0f);
     }
 }
 
 // ------------------------------------------------------------------------------------------
-// Entry points: paged_decode_{f32,bf16}_d{64,128}(q, k_pool, v_pool, blocks, lens, out, heads,
-// kv_heads, d, width, q_chunks, scale), grid rows * kv_heads * q_chunks, THREADS threads. The
-// d64 kernels serve d <= 64, the d128 kernels 64 < d <= 128 (separate entry points, so that
-// each gets the registers of its own layout: at most 128 at the default 128 threads, i.e. four
-// blocks per SM).
+// Entry points, THREADS threads per block:
+//   paged_decode_{f32,bf16}_d{64,128}(q, k_pool, v_pool, blocks, lens, out, part, heads,
+//     kv_heads, d, width, q_chunks, splits, split_blocks, scale), grid rows * kv_heads * splits *
+//     q_chunks (chunk fastest, then split); with splits == 1 it writes out (part unused, may be
+//     null) and covers each row whole, else it writes part, rows * heads * splits records of
+//     d + 2 floats, split s covering cache blocks [s * split_blocks, (s + 1) * split_blocks).
+//     The d64 kernels serve d <= 64, the d128 kernels 64 < d <= 128 (separate entry points, so
+//     that each gets the registers of its own layout: at most 128 at the default 128 threads,
+//     i.e. four blocks per SM).
+//   paged_combine_{f32,bf16}(part, out, d, splits), grid rows * heads: pass 2 of a split call.
 
 #define PA_ENTRY(T, NAME, DMAX)                                                                  \
     extern "C" __global__ void __launch_bounds__(THREADS, PA_MIN_BLOCKS)                         \
         paged_decode_##NAME##_d##DMAX(const T* q, const T* k, const T* v,                        \
                                       const unsigned int* blocks, const unsigned int* lens,      \
-                                      T* out, unsigned int heads, unsigned int kv_heads,         \
-                                      unsigned int d, unsigned int width, unsigned int q_chunks, \
-                                      float scale) {                                             \
+                                      T* out, float* part, unsigned int heads,                   \
+                                      unsigned int kv_heads, unsigned int d, unsigned int width, \
+                                      unsigned int q_chunks, unsigned int splits,                \
+                                      unsigned int split_blocks, float scale) {                  \
         __shared__ pa_chunk pa_q[PA_QUERIES][PA_MAX_HEAD_DIM / 4];                               \
         __shared__ float pa_p[PA_WARPS][PA_QUERIES][PA_BLOCK_TOKENS];                            \
         __shared__ float pa_corr[PA_WARPS][PA_QUERIES];                                          \
@@ -370,11 +450,20 @@ __device__ __forceinline__ void pa_decode(const T* __restrict__ q, const T* __re
         __shared__ float pa_m[PA_WARPS][PA_QUERIES];                                             \
         __shared__ float pa_l[PA_WARPS][PA_QUERIES];                                             \
         const PaShared sh{pa_q, pa_p, pa_corr, pa_acc, pa_m, pa_l};                              \
-        pa_decode<T, DMAX>(q, k, v, blocks, lens, out, heads, kv_heads, d, width, q_chunks,      \
-                           scale, sh);                                                           \
+        pa_decode<T, DMAX>(q, k, v, blocks, lens, out, part, heads, kv_heads, d, width,          \
+                           q_chunks, splits, split_blocks, scale, sh);                           \
     }
 
 PA_ENTRY(float, f32, 64)
 PA_ENTRY(float, f32, 128)
 PA_ENTRY(bf16_bits, bf16, 64)
 PA_ENTRY(bf16_bits, bf16, 128)
+
+#define PA_COMBINE(T, NAME)                                                                     \
+    extern "C" __global__ void __launch_bounds__(THREADS, PA_MIN_BLOCKS)                        \
+        paged_combine_##NAME(const float* part, T* out, unsigned int d, unsigned int splits) { \
+        pa_combine<T>(part, out, d, splits);                                                    \
+    }
+
+PA_COMBINE(float, f32)
+PA_COMBINE(bf16_bits, bf16)
