@@ -319,10 +319,7 @@ impl Engine {
         if active.is_empty() {
             return Ok(done);
         }
-        self.preempt_for_step(&active);
-        let active: Vec<usize> = (0..self.rows.len())
-            .filter(|&s| self.rows[s].is_some())
-            .collect();
+        let active = self.preempt_for_step(active);
         let feed: Vec<(usize, u32)> = active
             .iter()
             .map(|&s| {
@@ -451,9 +448,9 @@ impl Engine {
     }
 
     /// Frees blocks for the next decode step when the budget is short: preempts the rows that
-    /// entered last, back to the head of the queue with what they generated.
-    fn preempt_for_step(&mut self, active: &[usize]) {
-        let mut active = active.to_vec();
+    /// entered last, back to the head of the queue with what they generated. Returns the slots
+    /// still in flight.
+    fn preempt_for_step(&mut self, mut active: Vec<usize>) -> Vec<usize> {
         while let Some(free) = self.batch.free_blocks() {
             if self.batch.blocks_for_step(&active) <= free || active.len() <= 1 {
                 break;
@@ -469,6 +466,7 @@ impl Engine {
             self.queue.push_front(Queued::Preempted(row));
             self.stats.preemptions += 1;
         }
+        active
     }
 
     /// Samples one token per listed slot from `logits` (rows in the order of `slots`), then

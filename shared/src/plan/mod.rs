@@ -324,7 +324,10 @@ fn learner_rows(config: &RunConfig, stage: &StageConfig, opts: &PlanOptions) -> 
         // Packed GRPO rows hold at most `learner.token_budget` tokens; unpacked, a row is one
         // sample padded to the longest of its micro-batch.
         _ if config.learner.token_budget > 0 => (micro, config.learner.token_budget),
-        _ => (micro, opts.prompt_tokens + max_response(config, stage)),
+        _ => (
+            micro,
+            opts.prompt_tokens + stage.longest_response(config.actor.max_new_tokens),
+        ),
     }
 }
 
@@ -332,15 +335,6 @@ fn learner_rows(config: &RunConfig, stage: &StageConfig, opts: &PlanOptions) -> 
 pub const DEFAULT_SFT_TOKEN_BUDGET: usize = 2048;
 
 /// The stage's longest response over its curriculum.
-fn max_response(config: &RunConfig, stage: &StageConfig) -> usize {
-    use crate::config::MaxResponseTokens;
-    match &stage.max_response_tokens {
-        None => config.actor.max_new_tokens,
-        Some(MaxResponseTokens::Fixed(n)) => *n,
-        Some(MaxResponseTokens::Curriculum(v)) => v.iter().copied().max().unwrap_or(0),
-    }
-}
-
 /// One entry per learner rank (the same use on each rank's device).
 fn learner_use(
     config: &RunConfig,
