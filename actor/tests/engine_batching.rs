@@ -191,6 +191,68 @@ fn a_weight_swap_mid_sequence_is_recorded_per_token() {
     assert_eq!(e.version(), 4);
 }
 
+#[test]
+fn the_samples_of_a_prompt_share_its_cache_and_give_the_same_tokens() {
+    // Prompts of 5, 16, 21, 32 and 40 tokens (whole blocks and partly filled ones), 4 samples
+    // each; 20 slots hold every row at once, 6 slots refill, a small cache also preempts.
+    let lens = [5usize, 16, 21, 32, 40];
+    let jobs: Vec<Job> = lens
+        .iter()
+        .enumerate()
+        .map(|(p, &len)| job(p as u64, len, 4, 30))
+        .collect();
+    let prompts: u64 = lens.iter().map(|&l| l as u64).sum();
+    for (slots, kv) in [(20, None), (6, None), (6, Some(12 * 16))] {
+        let (shared, s) = generate_with(&jobs, slots, kv, true);
+        let (alone, a) = generate_with(&jobs, slots, kv, false);
+        assert_eq!(a.shared_prompts, 0);
+        assert!(s.shared_prompts > 0, "{slots} slots: nothing shared ({s:?})");
+        assert!(s.prefill_tokens < a.prefill_tokens, "{s:?} vs {a:?}");
+        if slots == 20 {
+            assert_eq!(s.prefill_tokens, prompts, "each prompt runs once");
+            assert_eq!(s.shared_prompts, 15);
+            assert_eq!(a.prefill_tokens, 4 * prompts);
+        }
+        if kv.is_some() {
+            assert!(s.preemptions > 0 && a.preemptions > 0, "{s:?} {a:?}");
+        }
+        assert_eq!(shared.len(), 20);
+        for (x, y) in shared.iter().zip(&alone) {
+            assert_eq!(key(x), key(y));
+            assert_eq!(
+                x.response_ids,
+                y.response_ids,
+                "{slots} slots, sample {:?}: a shared prompt cache gives the tokens of a \
+                 prefill of its own",
+                key(x)
+            );
+            assert_eq!(x.finish_reason, y.finish_reason);
+            for (p, q) in x.logprobs.iter().zip(&y.logprobs) {
+                assert!((p - q).abs() < 1e-4, "log-prob {p} vs {q}");
+            }
+        }
+    }
+}
+
+#[test]
+fn after_a_weight_swap_queued_samples_do_not_start_from_the_old_prompt_cache() {
+    let mut e = Engine::new(common::tiny_model(1, 256), 0, 2, vec![]).unwrap();
+    assert!(e.submit(job(1, 21, 4, 6)).unwrap());
+    e.step().unwrap(); // samples 0 and 1 in flight, the second from the first's prompt cache
+    assert_eq!(e.stats().prefill_tokens, 21);
+    assert_eq!(e.stats().shared_prompts, 1);
+    e.swap_model(common::tiny_model(2, 256), 1).unwrap();
+    let out = e.run_to_completion().unwrap();
+    assert_eq!(out.len(), 4);
+    // Samples 2 and 3 enter under version 1: one more prefill, shared by the other.
+    assert_eq!(e.stats().prefill_tokens, 42, "{:?}", e.stats());
+    assert_eq!(e.stats().shared_prompts, 2);
+    for f in out.iter().filter(|f| f.sample_index >= 2) {
+        assert_eq!(f.versions.len(), 1);
+        assert_eq!(f.versions[0].version, 1);
+    }
+}
+
 /// Runs `jobs` through an engine of `slots` rows with a KV cache of `kv_tokens` (`None`: grows
 /// as needed); the samples sorted by key, and the engine's counters.
 fn generate(
@@ -198,12 +260,23 @@ fn generate(
     slots: usize,
     kv_tokens: Option<usize>,
 ) -> (Vec<Finished>, cascade_actor::engine::EngineStats) {
+    generate_with(jobs, slots, kv_tokens, true)
+}
+
+/// [`generate`], the samples of a prompt sharing its cache or each prefilled on its own.
+fn generate_with(
+    jobs: &[Job],
+    slots: usize,
+    kv_tokens: Option<usize>,
+    share_prompts: bool,
+) -> (Vec<Finished>, cascade_actor::engine::EngineStats) {
     let stop = vec![3, 5, 11];
     let model = common::tiny_model(1, 256);
     let mut e = match kv_tokens {
         Some(t) => Engine::with_kv_budget(model, 0, slots, stop, t).unwrap(),
         None => Engine::new(model, 0, slots, stop).unwrap(),
     };
+    e.set_prompt_sharing(share_prompts);
     for j in jobs {
         assert!(e.submit(j.clone()).unwrap());
     }

@@ -197,6 +197,64 @@ fn a_budgeted_kv_cache_refuses_what_it_cannot_hold_and_changes_nothing() -> Resu
 }
 
 #[test]
+fn rows_forked_from_a_prompt_share_its_full_blocks_and_decode_like_transformers() -> Result<()> {
+    let c = load("qwen3-tied")?;
+    let prompt = ids(&c.cases["greedy_prompt"]);
+    let full = &c.reference["greedy.full_logits"];
+    let (whole, part) = (prompt.len() / 16, DecodeBatch::blocks_for_fork(prompt.len()));
+    // Room for the prompt, two forks and 12 steps of each fork, nothing more.
+    let blocks = whole + 2 * DecodeBatch::blocks_for(prompt.len() + 12 - whole * 16);
+    let mut batch = DecodeBatch::with_kv_budget(3, blocks * 16);
+    let first = c.model.prefill(&mut batch, &[(0, &prompt)])?;
+    let used = batch.blocks_in_use();
+    assert_eq!(used, DecodeBatch::blocks_for(prompt.len()));
+    // Bad forks are refused and change nothing.
+    assert!(batch.fork(&c.model, 1, 2, 1).is_err(), "slot 1 holds nothing");
+    assert!(batch.fork(&c.model, 0, 1, prompt.len() + 1).is_err());
+    assert!(batch.fork(&c.model, 0, 0, 1).is_err());
+    assert_eq!(batch.blocks_in_use(), used);
+    batch.fork(&c.model, 0, 1, prompt.len())?;
+    batch.fork(&c.model, 0, 2, prompt.len())?;
+    assert_eq!(
+        batch.blocks_in_use(),
+        used + 2 * part,
+        "the full blocks are shared, the partly filled one is copied"
+    );
+    // The prompt's own row ends; its full blocks stay with the forks.
+    batch.release(0);
+    assert_eq!(batch.blocks_in_use(), whole + 2 * part);
+    assert_eq!(batch.seq_len(1), prompt.len());
+    let tok = |l: &Tensor| -> Result<u32> { Ok(argmax(&l.squeeze(0)?.to_vec1::<f32>()?)) };
+    let mut logits = (first.clone(), first);
+    for step in 0..=12 {
+        let want = full.get(prompt.len() - 1 + step)?;
+        for (row, l) in [&logits.0, &logits.1].into_iter().enumerate() {
+            let d = max_abs_diff(&l.squeeze(0)?, &want)?;
+            assert!(d < TOL, "fork {row}, step {step}: max |Δlogit| = {d}");
+        }
+        if step == 12 {
+            break;
+        }
+        let l = c
+            .model
+            .decode_step(&mut batch, &[(1, tok(&logits.0)?), (2, tok(&logits.1)?)])?;
+        logits = (l.narrow(0, 0, 1)?, l.narrow(0, 1, 1)?);
+    }
+    assert_eq!(batch.free_blocks(), Some(0), "the budget was exact");
+    // With no free block, a fork that needs one is refused.
+    if part > 0 {
+        let err = batch.fork(&c.model, 1, 0, prompt.len()).unwrap_err();
+        assert!(err.to_string().contains("KV cache is full"), "{err}");
+        assert!(!batch.is_active(0));
+    }
+    batch.release(1);
+    batch.release(2);
+    assert_eq!(batch.blocks_in_use(), 0);
+    assert_eq!(batch.free_blocks(), Some(blocks));
+    Ok(())
+}
+
+#[test]
 fn three_hundred_token_sequence() -> Result<()> {
     for name in ["qwen3-tied", "qwen2-bf16"] {
         let c = load(name)?;

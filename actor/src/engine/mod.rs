@@ -10,7 +10,13 @@
 //! prefill and the next step of every row; when decoding runs out of blocks, the row that
 //! entered last is *preempted*: its blocks are freed and it goes back to the head of the queue
 //! with what it generated, to be prefilled again (prompt and response) when blocks free up.
-//! Its tokens are drawn with the same keys either way. Every token is drawn with the key
+//! Its tokens are drawn with the same keys either way.
+//!
+//! The samples of one prompt share the prompt's cache: the first to enter is prefilled, and
+//! its siblings that enter while a row holding the prompt is in flight start from that row's
+//! cache ([`DecodeBatch::fork`]: the full blocks shared, the partly filled one copied) and draw
+//! their first token from the same logits, so a group of `G` runs its prompt once and holds
+//! its full blocks once instead of `G` times. Every token is drawn with the key
 //! `(seed, prompt_id * G + sample_index, position)`, so what a row generates does not depend on
 //! which other rows share its batch. A row stops at a stop token (`<|im_end|>`, EOS), at its
 //! max response tokens or at the end of the model's context, and records why. Weights can be
@@ -27,6 +33,7 @@ use std::time::Instant;
 
 use candle_core::Tensor;
 use cascade_shared::model::{CausalLm, DecodeBatch, PREFILL_TOKENS};
+use cascade_shared::model::paged::BLOCK_TOKENS;
 use cascade_shared::{FinishReason, VersionSpan};
 
 pub use job::{Finished, GenParams, Job, Skipped};
@@ -100,6 +107,29 @@ pub struct EngineStats {
     pub prefills: u64,
     /// Rows preempted because the KV cache was full (each is prefilled again later).
     pub preemptions: u64,
+    /// Tokens run through prefills (prompts, and the responses of preempted rows).
+    pub prefill_tokens: u64,
+    /// Rows started from the cache of a sibling sample's prompt instead of a prefill.
+    pub shared_prompts: u64,
+}
+
+/// A prompt whose cache rows in flight hold, for its job's samples still queued.
+#[derive(Debug)]
+struct SharedPrompt {
+    job: Arc<Job>,
+    /// Slots whose sequence starts with the prompt's cache, computed by the current weights.
+    slots: Vec<usize>,
+    /// The logits after the prompt, `(1, vocab)`: every sample's first token is drawn from them.
+    logits: Tensor,
+}
+
+/// How an admitted row starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// Its prompt (and response, if preempted) run through the model.
+    Prefill,
+    /// From the prompt cache of a sibling in flight or prefilled in the same call.
+    Shared,
 }
 
 /// Continuous-batching generator over one model.
@@ -114,6 +144,10 @@ pub struct Engine {
     stop_ids: Vec<u32>,
     stats: EngineStats,
     skipped: Vec<Skipped>,
+    /// Prompts whose cache queued siblings can start from.
+    shared: Vec<SharedPrompt>,
+    /// Whether siblings share their prompt's cache (on by default).
+    share_prompts: bool,
     /// Samples on the GPU when the model runs on one (feature `cuda`).
     #[cfg(feature = "cuda")]
     device_sampler: Option<device::DeviceSampler>,
@@ -178,6 +212,8 @@ impl Engine {
             stop_ids,
             stats: EngineStats::default(),
             skipped: Vec::new(),
+            shared: Vec::new(),
+            share_prompts: true,
             #[cfg(feature = "cuda")]
             device_sampler,
         })
@@ -202,6 +238,15 @@ impl Engine {
         #[cfg(feature = "cuda")]
         {
             self.device_sampler = None;
+        }
+    }
+
+    /// Prefills every row on its own instead of starting siblings from their prompt's shared
+    /// cache (same keys; the same tokens up to float rounding). For checks and comparisons.
+    pub fn set_prompt_sharing(&mut self, on: bool) {
+        self.share_prompts = on;
+        if !on {
+            self.shared.clear();
         }
     }
 
@@ -240,6 +285,8 @@ impl Engine {
         }
         self.model = model;
         self.version = version;
+        // Queued siblings must not start from a prompt cache the old weights computed.
+        self.shared.clear();
         Ok(())
     }
 
@@ -353,6 +400,7 @@ impl Engine {
     pub fn reset(&mut self) -> Vec<Finished> {
         let out = self.abort_all();
         self.batch.clear();
+        self.shared.clear();
         self.admissions = 0;
         out
     }
@@ -368,7 +416,7 @@ impl Engine {
         }
         for slot in 0..self.rows.len() {
             if let Some(row) = self.rows[slot].take() {
-                self.batch.release(slot);
+                self.free_slot(slot);
                 out.push(finish(row, FinishReason::Abort));
             }
         }
@@ -388,19 +436,31 @@ impl Engine {
             .batch
             .free_blocks()
             .map(|free| free.saturating_sub(self.batch.blocks_for_step(&active)));
-        let mut new_slots = Vec::new();
+        let mut admitted: Vec<(usize, Start)> = Vec::new();
         let mut tokens = 0;
         for slot in free {
             let Some(next) = self.queue.front() else {
                 break;
             };
-            // One prefill takes up to PREFILL_TOKENS prompt tokens (at least one row).
-            tokens += next.prefill_len();
-            if tokens > PREFILL_TOKENS && !new_slots.is_empty() {
-                break;
-            }
+            let len = next.prefill_len();
+            let start = match next {
+                Queued::New(job, _) if self.can_share(job, &admitted) => Start::Shared,
+                _ => Start::Prefill,
+            };
+            let need = match start {
+                Start::Prefill => {
+                    // One prefill takes up to PREFILL_TOKENS tokens (at least one row).
+                    tokens += len;
+                    if tokens > PREFILL_TOKENS && admitted.iter().any(|a| a.1 == Start::Prefill)
+                    {
+                        break;
+                    }
+                    DecodeBatch::blocks_for(len + 1)
+                }
+                // Its prompt's full blocks are shared.
+                Start::Shared => DecodeBatch::blocks_for(len + 1) - len / BLOCK_TOKENS,
+            };
             if let Some(room) = room.as_mut() {
-                let need = DecodeBatch::blocks_for(next.prefill_len() + 1);
                 if need > *room {
                     break;
                 }
@@ -423,28 +483,110 @@ impl Engine {
                 admitted: self.admissions,
                 ..row
             });
-            new_slots.push(slot);
+            admitted.push((slot, start));
         }
-        if new_slots.is_empty() {
+        if admitted.is_empty() {
             return Ok(());
         }
-        let prefills: Vec<Vec<u32>> = new_slots
+        // 1. The prefills, in one call.
+        let prefilled: Vec<usize> = admitted
             .iter()
-            .map(|&s| {
-                let row = self.rows[s].as_ref().expect("just filled");
-                let mut ids = row.job.prompt_ids.clone();
-                ids.extend_from_slice(&row.response);
-                ids
-            })
+            .filter(|a| a.1 == Start::Prefill)
+            .map(|a| a.0)
             .collect();
-        let prompts: Vec<(usize, &[u32])> = new_slots
+        let mut logits = Vec::with_capacity(admitted.len());
+        if !prefilled.is_empty() {
+            let ids: Vec<Vec<u32>> = prefilled
+                .iter()
+                .map(|&s| {
+                    let row = self.rows[s].as_ref().expect("just filled");
+                    let mut ids = row.job.prompt_ids.clone();
+                    ids.extend_from_slice(&row.response);
+                    ids
+                })
+                .collect();
+            let prompts: Vec<(usize, &[u32])> = prefilled
+                .iter()
+                .zip(&ids)
+                .map(|(&s, ids)| (s, ids.as_slice()))
+                .collect();
+            let out = self.model.prefill(&mut self.batch, &prompts)?;
+            self.stats.prefills += 1;
+            self.stats.prefill_tokens += ids.iter().map(|i| i.len() as u64).sum::<u64>();
+            for (i, &slot) in prefilled.iter().enumerate() {
+                let row = out.narrow(0, i, 1)?;
+                let row_state = self.rows[slot].as_ref().expect("just filled");
+                if self.share_prompts
+                    && row_state.response.is_empty()
+                    && row_state.job.group_size > 1
+                    && self.shared_index(&row_state.job).is_none()
+                {
+                    self.shared.push(SharedPrompt {
+                        job: row_state.job.clone(),
+                        slots: vec![slot],
+                        logits: row.clone(),
+                    });
+                }
+                logits.push(row);
+            }
+        }
+        // 2. The siblings that start from a prompt cache.
+        let forked: Vec<usize> = admitted
             .iter()
-            .zip(&prefills)
-            .map(|(&s, ids)| (s, ids.as_slice()))
+            .filter(|a| a.1 == Start::Shared)
+            .map(|a| a.0)
             .collect();
-        let logits = self.model.prefill(&mut self.batch, &prompts)?;
-        self.stats.prefills += 1;
-        self.sample_into(&new_slots, &logits, done)
+        for &slot in &forked {
+            let job = self.rows[slot].as_ref().expect("just filled").job.clone();
+            let e = self.shared_index(&job).expect("a shared prompt was found");
+            let src = self.shared[e].slots[0];
+            self.batch
+                .fork(&self.model, src, slot, job.prompt_ids.len())?;
+            self.shared[e].slots.push(slot);
+            logits.push(self.shared[e].logits.clone());
+            self.stats.shared_prompts += 1;
+        }
+        // Prompts none of whose samples are queued any more are not kept.
+        let queue = &self.queue;
+        self.shared.retain(|p| {
+            queue
+                .iter()
+                .any(|q| matches!(q, Queued::New(job, _) if Arc::ptr_eq(job, &p.job)))
+        });
+        let slots: Vec<usize> = prefilled.into_iter().chain(forked).collect();
+        let logits = if logits.len() == 1 {
+            logits.pop().expect("one row")
+        } else {
+            Tensor::cat(&logits, 0)?
+        };
+        self.sample_into(&slots, &logits, done)
+    }
+
+    /// Whether a new sample of `job` can start from its prompt's cache: a sibling is in flight
+    /// with it, or is prefilled in this refill (`admitted`).
+    fn can_share(&self, job: &Arc<Job>, admitted: &[(usize, Start)]) -> bool {
+        self.share_prompts
+            && job.group_size > 1
+            && (self.shared_index(job).is_some()
+                || admitted.iter().any(|&(slot, start)| {
+                    start == Start::Prefill
+                        && self.rows[slot].as_ref().is_some_and(|r| {
+                            r.response.is_empty() && Arc::ptr_eq(&r.job, job)
+                        })
+                }))
+    }
+
+    fn shared_index(&self, job: &Arc<Job>) -> Option<usize> {
+        self.shared.iter().position(|p| Arc::ptr_eq(&p.job, job))
+    }
+
+    /// Releases a slot's cache and forgets it as a holder of a shared prompt.
+    fn free_slot(&mut self, slot: usize) {
+        self.batch.release(slot);
+        for p in &mut self.shared {
+            p.slots.retain(|&s| s != slot);
+        }
+        self.shared.retain(|p| !p.slots.is_empty());
     }
 
     /// Frees blocks for the next decode step when the budget is short: preempts the rows that
@@ -462,7 +604,7 @@ impl Engine {
                 .expect("rows in flight");
             active.remove(i);
             let row = self.rows[slot].take().expect("active row");
-            self.batch.release(slot);
+            self.free_slot(slot);
             self.queue.push_front(Queued::Preempted(row));
             self.stats.preemptions += 1;
         }
@@ -510,7 +652,7 @@ impl Engine {
             };
             if let Some(reason) = reason {
                 let row = self.rows[slot].take().expect("active row");
-                self.batch.release(slot);
+                self.free_slot(slot);
                 done.push(finish(row, reason));
             }
         }

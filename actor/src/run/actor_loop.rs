@@ -362,5 +362,7 @@ fn actor_event(
         held: Some(holds),
         held_s: Some(held_s),
         kv_preemptions: Some(engine.stats().preemptions),
+        prefill_tokens: Some(engine.stats().prefill_tokens),
+        shared_prompts: Some(engine.stats().shared_prompts),
     }
 }

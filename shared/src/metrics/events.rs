@@ -409,6 +409,12 @@ pub struct ActorEvent {
     /// prefilled again later.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_preemptions: Option<u64>,
+    /// Tokens run through prefills so far (prompts, and the responses of preempted rows).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefill_tokens: Option<u64>,
+    /// Samples so far that started from a sibling's prompt cache instead of a prefill.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shared_prompts: Option<u64>,
 }
 
 /// Scores of one mode in an [`Eval`] (`by_mode.think`, `by_mode.no_think`).

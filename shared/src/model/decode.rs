@@ -42,8 +42,11 @@ pub struct DecodeBatch {
     /// Free block ids, taken from the end (a new pool's lowest ids first; released blocks are
     /// reused first).
     free: Vec<u32>,
-    /// Blocks of each slot's sequence, in order.
+    /// Blocks of each slot's sequence, in order. A full block may be listed by several slots
+    /// ([`DecodeBatch::fork`]); a slot's last, partly filled block is always its own.
     tables: Vec<Vec<u32>>,
+    /// Slots listing each allocated block (0: free).
+    refs: Vec<u32>,
     /// Tokens cached per slot (= the position of its next token).
     lens: Vec<usize>,
     active: Vec<bool>,
@@ -59,6 +62,7 @@ impl DecodeBatch {
             blocks: 0,
             free: Vec::new(),
             tables: vec![Vec::new(); slots],
+            refs: Vec::new(),
             lens: vec![0; slots],
             active: vec![false; slots],
         }
@@ -103,12 +107,89 @@ impl DecodeBatch {
         self.lens[slot]
     }
 
-    /// Frees a slot and returns its blocks to the free list.
+    /// Frees a slot; its blocks that no other slot lists return to the free list.
     pub fn release(&mut self, slot: usize) {
         let blocks = std::mem::take(&mut self.tables[slot]);
-        self.free.extend(blocks.into_iter().rev());
+        for block in blocks.into_iter().rev() {
+            let refs = &mut self.refs[block as usize];
+            *refs -= 1;
+            if *refs == 0 {
+                self.free.push(block);
+            }
+        }
         self.active[slot] = false;
         self.lens[slot] = 0;
+    }
+
+    /// Blocks the slots hold between them, each shared block counted once.
+    pub fn blocks_in_use(&self) -> usize {
+        self.refs.iter().filter(|&&r| r > 0).count()
+    }
+
+    /// Blocks a [`DecodeBatch::fork`] of `tokens` tokens takes from the free list (its partly
+    /// filled last block; the full ones are shared).
+    pub fn blocks_for_fork(tokens: usize) -> usize {
+        usize::from(tokens % BLOCK_TOKENS != 0)
+    }
+
+    /// Starts `dst` as a copy of the first `tokens` tokens of `src`'s sequence without running
+    /// the model: `dst` lists `src`'s full blocks (shared, never written again: a sequence only
+    /// writes past its length) and gets its own copy of the partly filled block, if any. This is
+    /// how the samples of one prompt share the prompt's cache. A slot that still holds a
+    /// sequence is released first. With a budget whose free blocks cannot hold the copied
+    /// block, [`ModelError::KvFull`] and nothing changes.
+    pub fn fork(&mut self, model: &CausalLm, src: usize, dst: usize, tokens: usize) -> Result<()> {
+        if src >= self.slots || dst >= self.slots || src == dst {
+            return Err(ModelError::Config(format!(
+                "fork from slot {src} to slot {dst} ({} slots)",
+                self.slots
+            )));
+        }
+        if !self.active[src] || tokens == 0 || tokens > self.lens[src] {
+            return Err(ModelError::Config(format!(
+                "fork of {tokens} tokens from slot {src}, which holds {}",
+                self.lens[src]
+            )));
+        }
+        let needed = Self::blocks_for_fork(tokens);
+        let returned = self.tables[dst]
+            .iter()
+            .filter(|&&b| self.refs[b as usize] == 1)
+            .count();
+        if let Some(free) = self.free_blocks() {
+            if needed > free + returned {
+                return Err(self.full(needed));
+            }
+        }
+        if self.active[dst] {
+            self.release(dst);
+        }
+        self.reserve(needed, model)?;
+        let full = tokens / BLOCK_TOKENS;
+        let mut table: Vec<u32> = self.tables[src][..full].to_vec();
+        for &block in &table {
+            self.refs[block as usize] += 1;
+        }
+        let part = tokens % BLOCK_TOKENS;
+        if part > 0 {
+            let block = self.take();
+            let from = self.tables[src][full] as usize * BLOCK_TOKENS;
+            let to = block as usize * BLOCK_TOKENS;
+            let dev = model.device();
+            let from = Tensor::from_vec((from as u32..(from + part) as u32).collect(), part, dev)?;
+            let to = Tensor::from_vec((to as u32..(to + part) as u32).collect(), part, dev)?;
+            let cfg = model.config();
+            let to = super::paged::row_index(&to, cfg.num_kv_heads(), cfg.head_dim())?;
+            for (k, v) in &self.pool {
+                super::paged::write_rows(k, &k.index_select(&from, 0)?, &to)?;
+                super::paged::write_rows(v, &v.index_select(&from, 0)?, &to)?;
+            }
+            table.push(block);
+        }
+        self.tables[dst] = table;
+        self.lens[dst] = tokens;
+        self.active[dst] = true;
+        Ok(())
     }
 
     /// Releases every slot and puts the free list back in its first order, keeping the pool:
@@ -119,6 +200,7 @@ impl DecodeBatch {
             self.active[slot] = false;
             self.lens[slot] = 0;
         }
+        self.refs.fill(0);
         self.free = (0..self.blocks as u32).rev().collect();
     }
 
@@ -196,12 +278,15 @@ impl DecodeBatch {
         ids.append(&mut self.free);
         self.free = ids;
         self.blocks = target;
+        self.refs.resize(target, 0);
         Ok(())
     }
 
     /// Takes a free block (after [`DecodeBatch::reserve`]).
     fn take(&mut self) -> u32 {
-        self.free.pop().expect("blocks reserved")
+        let block = self.free.pop().expect("blocks reserved");
+        self.refs[block as usize] = 1;
+        block
     }
 
     /// The pool row of token `i` of `slot`.
@@ -254,7 +339,11 @@ impl CausalLm {
             .iter()
             .map(|(_, p)| DecodeBatch::blocks_for(p.len()))
             .sum();
-        let returned: usize = rows.iter().map(|(s, _)| batch.tables[*s].len()).sum();
+        let returned: usize = rows
+            .iter()
+            .flat_map(|(s, _)| &batch.tables[*s])
+            .filter(|&&b| batch.refs[b as usize] == 1)
+            .count();
         if let Some(free) = batch.free_blocks() {
             if needed > free + returned {
                 return Err(batch.full(needed));
