@@ -6,7 +6,13 @@
 #   a ~0.6B-shaped Qwen3 with 4 layers written here)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=$(scripts/setup-torch-ref.sh | tail -1)
+# The peer is PyPI's current torch (../shared/tools/torch-current/setup.sh); BENCH_TORCH=ref
+# measures against Debian's torch 1.13 (scripts/setup-torch-ref.sh) instead.
+if [ "${BENCH_TORCH:-current}" = ref ]; then
+  PY=$(scripts/setup-torch-ref.sh | tail -1)
+else
+  PY=$(../shared/tools/torch-current/setup.sh | tail -1)
+fi
 THREADS=${BENCH_THREADS:-$(nproc)}
 STEPS=${BENCH_STEPS:-32}
 export RAYON_NUM_THREADS=$THREADS OMP_NUM_THREADS=$THREADS OPENBLAS_NUM_THREADS=$THREADS BENCH_THREADS=$THREADS
@@ -41,4 +47,18 @@ print(f"{name:<22} {a['batch']:<8} {a['tokens_per_s']:14.1f} {b['tokens_per_s']:
 PYEOF
   done
 done
-echo "threads: $THREADS, steps: $STEPS (candle via rayon, torch via set_num_threads)"
+echo "threads: $THREADS, steps: $STEPS (candle via rayon, torch via set_num_threads); torch $("$PY" -c 'import torch; print(torch.__version__)')"
+echo
+echo "GRPO groups, whole generations (4 prompts x 8 samples, 16 slots, 16 new tokens): the samples"
+echo "of a prompt sharing its KV cache against each sample prefilled on its own (ours, same run)"
+printf '%-22s %-8s %12s %12s %8s %16s\n' model prompt "shared s" "alone s" speedup "prefill tokens"
+for cfg in "${configs[@]}"; do
+  name=$(basename "$cfg" .json)
+  cargo bench -p cascade-actor --bench engine -q -- "$WORK/$name" --groups 2>/dev/null | while read -r a; do
+    python3 - "$name" "$a" <<'PYEOF'
+import json, sys
+name, a = sys.argv[1], json.loads(sys.argv[2])
+print(f"{name:<22} {a['prompt']:<8} {a['shared_s']:12.3f} {a['alone_s']:12.3f} {a['alone_s']/a['shared_s']:8.2f} {a['shared_prefill_tokens']:>7} / {a['alone_prefill_tokens']:<7}")
+PYEOF
+  done
+done
