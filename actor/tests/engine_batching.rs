@@ -206,7 +206,10 @@ fn the_samples_of_a_prompt_share_its_cache_and_give_the_same_tokens() {
         let (shared, s) = generate_with(&jobs, slots, kv, true);
         let (alone, a) = generate_with(&jobs, slots, kv, false);
         assert_eq!(a.shared_prompts, 0);
-        assert!(s.shared_prompts > 0, "{slots} slots: nothing shared ({s:?})");
+        assert!(
+            s.shared_prompts > 0,
+            "{slots} slots: nothing shared ({s:?})"
+        );
         assert!(s.prefill_tokens < a.prefill_tokens, "{s:?} vs {a:?}");
         if slots == 20 {
             assert_eq!(s.prefill_tokens, prompts, "each prompt runs once");

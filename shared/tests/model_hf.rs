@@ -201,7 +201,10 @@ fn rows_forked_from_a_prompt_share_its_full_blocks_and_decode_like_transformers(
     let c = load("qwen3-tied")?;
     let prompt = ids(&c.cases["greedy_prompt"]);
     let full = &c.reference["greedy.full_logits"];
-    let (whole, part) = (prompt.len() / 16, DecodeBatch::blocks_for_fork(prompt.len()));
+    let (whole, part) = (
+        prompt.len() / 16,
+        DecodeBatch::blocks_for_fork(prompt.len()),
+    );
     // Room for the prompt, two forks and 12 steps of each fork, nothing more.
     let blocks = whole + 2 * DecodeBatch::blocks_for(prompt.len() + 12 - whole * 16);
     let mut batch = DecodeBatch::with_kv_budget(3, blocks * 16);
@@ -209,7 +212,10 @@ fn rows_forked_from_a_prompt_share_its_full_blocks_and_decode_like_transformers(
     let used = batch.blocks_in_use();
     assert_eq!(used, DecodeBatch::blocks_for(prompt.len()));
     // Bad forks are refused and change nothing.
-    assert!(batch.fork(&c.model, 1, 2, 1).is_err(), "slot 1 holds nothing");
+    assert!(
+        batch.fork(&c.model, 1, 2, 1).is_err(),
+        "slot 1 holds nothing"
+    );
     assert!(batch.fork(&c.model, 0, 1, prompt.len() + 1).is_err());
     assert!(batch.fork(&c.model, 0, 0, 1).is_err());
     assert_eq!(batch.blocks_in_use(), used);

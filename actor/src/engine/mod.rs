@@ -32,8 +32,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::Tensor;
-use cascade_shared::model::{CausalLm, DecodeBatch, PREFILL_TOKENS};
 use cascade_shared::model::paged::BLOCK_TOKENS;
+use cascade_shared::model::{CausalLm, DecodeBatch, PREFILL_TOKENS};
 use cascade_shared::{FinishReason, VersionSpan};
 
 pub use job::{Finished, GenParams, Job, Skipped};
@@ -451,8 +451,7 @@ impl Engine {
                 Start::Prefill => {
                     // One prefill takes up to PREFILL_TOKENS tokens (at least one row).
                     tokens += len;
-                    if tokens > PREFILL_TOKENS && admitted.iter().any(|a| a.1 == Start::Prefill)
-                    {
+                    if tokens > PREFILL_TOKENS && admitted.iter().any(|a| a.1 == Start::Prefill) {
                         break;
                     }
                     DecodeBatch::blocks_for(len + 1)
@@ -570,9 +569,9 @@ impl Engine {
             && (self.shared_index(job).is_some()
                 || admitted.iter().any(|&(slot, start)| {
                     start == Start::Prefill
-                        && self.rows[slot].as_ref().is_some_and(|r| {
-                            r.response.is_empty() && Arc::ptr_eq(&r.job, job)
-                        })
+                        && self.rows[slot]
+                            .as_ref()
+                            .is_some_and(|r| r.response.is_empty() && Arc::ptr_eq(&r.job, job))
                 }))
     }
 
