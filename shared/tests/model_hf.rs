@@ -278,6 +278,66 @@ fn three_hundred_token_sequence() -> Result<()> {
 }
 
 #[test]
+fn long_prompts_prefilled_in_chunks_match_transformers() -> Result<()> {
+    for name in ["qwen3-tied", "qwen2-bf16"] {
+        let c = load(name)?;
+        let seq = ids(&c.cases["long"]);
+        let want = &c.reference["long.rows"]; // the logits after tokens 0, 150 and 299
+        for chunk in [1usize, 16, 64, 151, 300] {
+            let mut batch = DecodeBatch::new(2);
+            batch.set_prefill_chunk(chunk);
+            let both = c
+                .model
+                .prefill(&mut batch, &[(0, &seq[..151]), (1, &seq[..300])])?;
+            for (row, at) in [(0usize, 1usize), (1, 2)] {
+                let d = max_abs_diff(&both.get(row)?, &want.get(at)?)?;
+                assert!(
+                    d < TOL,
+                    "{name}, chunks of {chunk}, row {row}: max |Δlogit| = {d}"
+                );
+            }
+            assert_eq!((batch.seq_len(0), batch.seq_len(1)), (151, 300));
+            // The first row goes on from its cache: the rest of the sequence in one call.
+            let rest = c.model.extend(&mut batch, &[(0, &seq[151..300])])?;
+            let d = max_abs_diff(&rest.squeeze(0)?, &want.get(2)?)?;
+            assert!(
+                d < TOL,
+                "{name}, extended after chunks of {chunk}: max |Δlogit| = {d}"
+            );
+        }
+        // Extend refuses what it cannot do, and changes nothing.
+        let mut batch = DecodeBatch::with_kv_budget(2, 160);
+        c.model.prefill(&mut batch, &[(0, &seq[..1])])?;
+        assert!(
+            c.model.extend(&mut batch, &[(1, &seq[..2])]).is_err(),
+            "slot 1 is empty"
+        );
+        assert!(c.model.extend(&mut batch, &[(0, &[])]).is_err());
+        let err = c
+            .model
+            .extend(&mut batch, &[(0, &seq[1..200])])
+            .unwrap_err();
+        assert!(err.to_string().contains("KV cache is full"), "{err}");
+        assert_eq!(batch.seq_len(0), 1);
+        assert_eq!(batch.blocks_in_use(), 1);
+    }
+    // Greedy decoding after a prompt prefilled 5 tokens at a time.
+    let c = load("qwen3-tied")?;
+    let prompt = ids(&c.cases["greedy_prompt"]);
+    let full = &c.reference["greedy.full_logits"];
+    let mut batch = DecodeBatch::new(1);
+    batch.set_prefill_chunk(5);
+    let mut logits = c.model.prefill(&mut batch, &[(0, &prompt)])?;
+    for step in 0..=8 {
+        let d = max_abs_diff(&logits.squeeze(0)?, &full.get(prompt.len() - 1 + step)?)?;
+        assert!(d < TOL, "step {step}: max |Δlogit| = {d}");
+        let tok = argmax(&logits.squeeze(0)?.to_vec1::<f32>()?);
+        logits = c.model.decode_step(&mut batch, &[(0, tok)])?;
+    }
+    Ok(())
+}
+
+#[test]
 fn ragged_batch_decoding_with_refill_matches_single_runs() -> Result<()> {
     // Three sequences of different lengths in a 2-slot batch: the third enters when the first
     // finishes (continuous batching). Each must produce exactly its single-sequence logits.

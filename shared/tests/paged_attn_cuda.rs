@@ -7,8 +7,9 @@
 //! with forced splits (1 and 7) and its own choice on one shape and compares them (f32, to
 //! 1e-5). The ignored `gpu_paged_attn_benchmark` times one decode step's attention (Qwen3-8B
 //! heads: 32 query heads, 8 kv heads, head dim 128, bf16) against the memory bound of reading K
-//! and V once, with the splits the launcher picks per shape, and writes a table to
-//! `$PAGED_ATTN_BENCH_OUT` (or stdout).
+//! and V once, with the splits the launcher picks per shape, and a chunk of a long prefill
+//! (every query a row of one sequence's table) against the H200's bf16 rate, and writes the
+//! tables to `$PAGED_ATTN_BENCH_OUT` (or stdout).
 #![cfg(feature = "cuda")]
 
 use std::sync::Arc;
@@ -280,6 +281,51 @@ fn gpu_paged_attn_benchmark() -> Result<()> {
             rate / 1e9,
             100.0 * rate / H200_BW,
             100.0 * rate / H100_BW
+        ));
+    }
+    // A chunk of a long prefill (`CausalLm::extend`): the chunk's queries are rows of one
+    // sequence's table, each reading its keys up to itself. Against the H200's dense bf16 rate.
+    const H200_BF16_FLOPS: f64 = 989e12;
+    table_md.push_str(
+        "\n## A prefill chunk through the paged attention (one row per query, one sequence)\n\n\
+         | queries | context before | us | TFLOP/s | of 989 (H200 bf16 dense) |\n\
+         |---|---|---|---|---|\n",
+    );
+    for (queries, before) in [(2048usize, 14336usize), (8192, 32768)] {
+        let total = before + queries;
+        let (one, pool_blocks) = scattered_table(&mut rng, &[total], 0)?;
+        let blocks = one.blocks()[..one.width()].to_vec();
+        let spec: Vec<(&[u32], usize)> = (0..queries)
+            .map(|i| (blocks.as_slice(), before + i + 1))
+            .collect();
+        let table = Arc::new(PageTable::new(&spec).map_err(anyhow::Error::msg)?);
+        let pool_rows = pool_blocks * BLOCK_TOKENS;
+        let mk = |shape: &[usize]| -> Result<Tensor> {
+            Ok(Tensor::randn(0f32, 1f32, shape, &dev)?.to_dtype(DType::BF16)?)
+        };
+        let (q, k, v) = (
+            mk(&[queries, h, d])?,
+            mk(&[pool_rows, kvh, d])?,
+            mk(&[pool_rows, kvh, d])?,
+        );
+        let op = PagedAttention::new(table, 1.0 / (d as f32).sqrt());
+        q.apply_op3_no_bwd(&k, &v, &op)?;
+        dev.synchronize()?;
+        let reps = 5;
+        let t0 = Instant::now();
+        for _ in 0..reps {
+            q.apply_op3_no_bwd(&k, &v, &op)?;
+        }
+        dev.synchronize()?;
+        let secs = t0.elapsed().as_secs_f64() / reps as f64;
+        // QKᵀ and PV: 4 flops per (query, key, head, dim).
+        let pairs = (queries * before + queries * (queries + 1) / 2) as f64;
+        let flops = pairs * (h * d * 4) as f64;
+        table_md.push_str(&format!(
+            "| {queries} | {before} | {:.0} | {:.1} | {:.1}% |\n",
+            secs * 1e6,
+            flops / secs / 1e12,
+            100.0 * flops / secs / H200_BF16_FLOPS
         ));
     }
     match std::env::var("PAGED_ATTN_BENCH_OUT") {

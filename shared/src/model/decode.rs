@@ -23,9 +23,10 @@ use super::layers::OpsMode;
 use super::paged::{PageTable, PagedAttention, BLOCK_TOKENS};
 use super::{ModelError, Result};
 
-/// Prompt tokens a scheduler should prefill in one call (more rows wait for the next step;
-/// a single longer row still goes alone): bounds the prefill's activations, which are linear
-/// in its tokens.
+/// Prompt tokens a scheduler should prefill in one call (more rows wait for the next step; a
+/// single longer row still goes alone), and the default chunk in which
+/// [`CausalLm::prefill`] runs a longer row: bounds the prefill's activations, which are linear
+/// in the tokens of one pass.
 pub const PREFILL_TOKENS: usize = 8192;
 
 /// Per-slot block tables and the per-layer key/value pools of a decode batch.
@@ -50,6 +51,9 @@ pub struct DecodeBatch {
     /// Tokens cached per slot (= the position of its next token).
     lens: Vec<usize>,
     active: Vec<bool>,
+    /// Tokens of a row [`CausalLm::prefill`] runs in one pass; the rest follow in chunks
+    /// ([`CausalLm::extend`]).
+    prefill_chunk: usize,
 }
 
 impl DecodeBatch {
@@ -65,7 +69,14 @@ impl DecodeBatch {
             refs: Vec::new(),
             lens: vec![0; slots],
             active: vec![false; slots],
+            prefill_chunk: PREFILL_TOKENS,
         }
+    }
+
+    /// Runs rows longer than `tokens` through [`CausalLm::prefill`] in chunks of `tokens`
+    /// (default [`PREFILL_TOKENS`]; at least 1).
+    pub fn set_prefill_chunk(&mut self, tokens: usize) {
+        self.prefill_chunk = tokens.max(1);
     }
 
     /// An empty batch with `slots` rows sharing a cache of `tokens` tokens (rounded up to whole
@@ -129,7 +140,7 @@ impl DecodeBatch {
     /// Blocks a [`DecodeBatch::fork`] of `tokens` tokens takes from the free list (its partly
     /// filled last block; the full ones are shared).
     pub fn blocks_for_fork(tokens: usize) -> usize {
-        usize::from(tokens % BLOCK_TOKENS != 0)
+        usize::from(!tokens.is_multiple_of(BLOCK_TOKENS))
     }
 
     /// Starts `dst` as a copy of the first `tokens` tokens of `src`'s sequence without running
@@ -298,8 +309,11 @@ impl DecodeBatch {
 impl CausalLm {
     /// Puts new sequences into free (or released) slots and runs their prompts. Returns the
     /// logits of each prompt's last token, `(rows.len(), vocab)` f32, in the order of `rows`.
-    /// A slot that still holds a sequence is released first. With a KV budget that cannot hold
-    /// the prompts, [`ModelError::KvFull`] and nothing changes.
+    /// A slot that still holds a sequence is released first. A prompt longer than the batch's
+    /// prefill chunk ([`DecodeBatch::set_prefill_chunk`]) runs its first chunk here and the
+    /// rest chunk by chunk through [`CausalLm::extend`], so the activations of one pass stay
+    /// bounded (where the paged attention has a kernel; elsewhere in one pass). With a KV budget
+    /// that cannot hold the prompts, [`ModelError::KvFull`] and nothing changes.
     pub fn prefill(&self, batch: &mut DecodeBatch, rows: &[(usize, &[u32])]) -> Result<Tensor> {
         if rows.is_empty() {
             return Err(ModelError::Config("prefill needs at least one row".into()));
@@ -321,15 +335,7 @@ impl CausalLm {
                     max: max_pos,
                 });
             }
-            if let Some(&id) = prompt
-                .iter()
-                .find(|&&id| id as usize >= self.config().vocab_size)
-            {
-                return Err(ModelError::BadTokenId {
-                    id,
-                    vocab: self.config().vocab_size,
-                });
-            }
+            self.check_ids(prompt)?;
             if rows.iter().filter(|(s, _)| s == slot).count() > 1 {
                 return Err(ModelError::Config(format!("slot {slot} listed twice")));
             }
@@ -354,6 +360,48 @@ impl CausalLm {
                 batch.release(*slot);
             }
         }
+        // 2. Longer prompts: the first chunk now, the rest below.
+        let cfg = self.config();
+        let chunk = if super::paged::supported(self.device(), self.dtype(), cfg.head_dim()) {
+            batch.prefill_chunk
+        } else {
+            usize::MAX
+        };
+        let heads: Vec<(usize, &[u32])> = rows
+            .iter()
+            .map(|&(slot, p)| (slot, &p[..p.len().min(chunk)]))
+            .collect();
+        let mut logits = self.prefill_heads(batch, &heads)?;
+        for (i, &(slot, prompt)) in rows.iter().enumerate() {
+            if prompt.len() <= chunk {
+                continue;
+            }
+            let mut last = None;
+            for part in prompt[chunk..].chunks(chunk) {
+                last = Some(self.extend(batch, &[(slot, part)])?);
+            }
+            let last = last.expect("a longer prompt has a second chunk");
+            logits = logits.slice_scatter0(&last, i)?;
+        }
+        Ok(logits)
+    }
+
+    /// Token ids outside the vocabulary are refused.
+    fn check_ids(&self, ids: &[u32]) -> Result<()> {
+        let vocab = self.config().vocab_size;
+        match ids.iter().find(|&&id| id as usize >= vocab) {
+            Some(&id) => Err(ModelError::BadTokenId { id, vocab }),
+            None => Ok(()),
+        }
+    }
+
+    /// [`CausalLm::prefill`] of prompts in one pass, their slots free and their blocks known to
+    /// fit.
+    fn prefill_heads(&self, batch: &mut DecodeBatch, rows: &[(usize, &[u32])]) -> Result<Tensor> {
+        let needed: usize = rows
+            .iter()
+            .map(|(_, p)| DecodeBatch::blocks_for(p.len()))
+            .sum();
         batch.reserve(needed, self)?;
         for (slot, prompt) in rows {
             let blocks = (0..DecodeBatch::blocks_for(prompt.len()))
@@ -363,7 +411,7 @@ impl CausalLm {
             batch.lens[*slot] = prompt.len();
             batch.active[*slot] = true;
         }
-        // 2. Where each prompt token's key/value goes.
+        // Where each prompt token's key/value goes.
         let pool_rows: Vec<u32> = rows
             .iter()
             .flat_map(|(slot, p)| (0..p.len()).map(move |i| (*slot, i)))
@@ -372,14 +420,122 @@ impl CausalLm {
         let cfg = self.config();
         let to = Tensor::from_vec(pool_rows, rows_tokens(rows), self.device())?;
         let to = super::paged::row_index(&to, cfg.num_kv_heads(), cfg.head_dim())?;
-        // 3. Run the prompts, each layer writing its keys/values into the slots' blocks.
+        // Run the prompts, each layer writing its keys/values into the slots' blocks.
         let last = if self.fused_attention() {
             self.prefill_packed(rows, &batch.pool, &to)?
         } else {
             self.prefill_padded(rows, &batch.pool, &to)?
         };
-        let logits = self.lm_head(&last)?;
-        Ok(logits)
+        self.lm_head(&last)
+    }
+
+    /// Appends tokens to sequences in flight, each query attending over its row's cache up to
+    /// itself: the rest of a long prompt after its first chunk, or any continuation. Returns
+    /// the logits after each row's last new token, `(rows.len(), vocab)` f32, in the order of
+    /// `rows`. Every token is one row of the paged attention (a decode step is one token per
+    /// slot). With a KV budget that cannot hold the tokens, [`ModelError::KvFull`] and nothing
+    /// changes.
+    pub fn extend(&self, batch: &mut DecodeBatch, rows: &[(usize, &[u32])]) -> Result<Tensor> {
+        if rows.is_empty() {
+            return Err(ModelError::Config("extend needs at least one row".into()));
+        }
+        let max_pos = self.config().max_position_embeddings;
+        for (slot, tokens) in rows {
+            if !batch.is_active(*slot) {
+                return Err(ModelError::Config(format!(
+                    "extend: slot {slot} holds no sequence"
+                )));
+            }
+            if tokens.is_empty() {
+                return Err(ModelError::Config(format!(
+                    "extend: no tokens for slot {slot}"
+                )));
+            }
+            if batch.lens[*slot] + tokens.len() > max_pos {
+                return Err(ModelError::TooLong {
+                    len: batch.lens[*slot] + tokens.len(),
+                    max: max_pos,
+                });
+            }
+            self.check_ids(tokens)?;
+            if rows.iter().filter(|(s, _)| s == slot).count() > 1 {
+                return Err(ModelError::Config(format!("slot {slot} listed twice")));
+            }
+        }
+        // 1. The blocks the new tokens fill.
+        let more = |slot: usize, n: usize, batch: &DecodeBatch| {
+            DecodeBatch::blocks_for(batch.lens[slot] + n) - batch.tables[slot].len()
+        };
+        let needed: usize = rows.iter().map(|(s, t)| more(*s, t.len(), batch)).sum();
+        batch.reserve(needed, self)?;
+        for (slot, tokens) in rows {
+            for _ in 0..more(*slot, tokens.len(), batch) {
+                let block = batch.take();
+                batch.tables[*slot].push(block);
+            }
+        }
+        // 2. One paged-attention row per token: its id, position, pool row, and the keys it
+        //    reads (its row's, up to itself).
+        let total = rows_tokens(rows);
+        let (mut ids, mut pos, mut to) = (
+            Vec::with_capacity(total),
+            Vec::with_capacity(total),
+            Vec::with_capacity(total),
+        );
+        let mut reads = Vec::with_capacity(total);
+        let mut last = Vec::with_capacity(rows.len());
+        for (slot, tokens) in rows {
+            let start = batch.lens[*slot];
+            for (i, &t) in tokens.iter().enumerate() {
+                ids.push(t);
+                pos.push((start + i) as u32);
+                to.push(batch.pool_row(*slot, start + i));
+                reads.push((batch.tables[*slot].as_slice(), start + i + 1));
+            }
+            last.push(ids.len() as u32 - 1);
+        }
+        let table = PageTable::new(&reads).map_err(ModelError::Config)?;
+        let hidden = self.run_paged(batch, ids, pos, to, table)?;
+        for (slot, tokens) in rows {
+            batch.lens[*slot] += tokens.len();
+        }
+        let n = last.len();
+        let last = Tensor::from_vec(last, n, self.device())?;
+        self.lm_head(&hidden.index_select(&last, 0)?)
+    }
+
+    /// Runs `ids` (one token per paged-attention row, at positions `pos`) through the stack,
+    /// each layer writing the tokens' keys/values to pool rows `to` and attending over the rows
+    /// `table` lists. Returns the hidden states, `(ids.len(), hidden)`.
+    fn run_paged(
+        &self,
+        batch: &DecodeBatch,
+        ids: Vec<u32>,
+        pos: Vec<u32>,
+        to: Vec<u32>,
+        table: PageTable,
+    ) -> Result<Tensor> {
+        let dev = self.device();
+        let cfg = self.config();
+        let n = ids.len();
+        let scale = 1.0 / (cfg.head_dim() as f32).sqrt();
+        let attention = PagedAttention::new(Arc::new(table), scale);
+        let ids = Tensor::from_vec(ids, (n, 1), dev)?;
+        let positions = Tensor::from_vec(pos, (n, 1), dev)?;
+        let rows = Tensor::from_vec(to, n, dev)?;
+        let rows = super::paged::row_index(&rows, cfg.num_kv_heads(), cfg.head_dim())?;
+        let hidden = self.run_layers_masked(
+            &ids,
+            &positions,
+            &AttnMask::Paged,
+            OpsMode::Infer,
+            KvMode::Paged {
+                pools: &batch.pool,
+                rows: &rows,
+                attention: &attention,
+            },
+        )?;
+        Ok(hidden.squeeze(1)?)
     }
 
     /// The prompts packed into one row of segments, through the fused attention (no padding,
@@ -509,11 +665,9 @@ impl CausalLm {
         }
         // 2. Inputs, where each token's key/value goes, and what each row reads (itself
         //    included).
-        let dev = self.device();
-        let n = tokens.len();
         let ids: Vec<u32> = tokens.iter().map(|(_, t)| *t).collect();
         let pos: Vec<u32> = slots.iter().map(|&s| batch.lens[s] as u32).collect();
-        let rows: Vec<u32> = slots
+        let to: Vec<u32> = slots
             .iter()
             .map(|&s| batch.pool_row(s, batch.lens[s]))
             .collect();
@@ -522,29 +676,12 @@ impl CausalLm {
             .map(|&s| (batch.tables[s].as_slice(), batch.lens[s] + 1))
             .collect();
         let table = PageTable::new(&table).map_err(ModelError::Config)?;
-        let scale = 1.0 / (self.config().head_dim() as f32).sqrt();
-        let attention = PagedAttention::new(Arc::new(table), scale);
-        let ids = Tensor::from_vec(ids, (n, 1), dev)?;
-        let positions = Tensor::from_vec(pos, (n, 1), dev)?;
-        let cfg = self.config();
-        let rows = Tensor::from_vec(rows, n, dev)?;
-        let rows = super::paged::row_index(&rows, cfg.num_kv_heads(), cfg.head_dim())?;
         // 3. One step through the stack.
-        let hidden = self.run_layers_masked(
-            &ids,
-            &positions,
-            &AttnMask::Paged,
-            OpsMode::Infer,
-            KvMode::Paged {
-                pools: &batch.pool,
-                rows: &rows,
-                attention: &attention,
-            },
-        )?;
+        let hidden = self.run_paged(batch, ids, pos, to, table)?;
         for &slot in &slots {
             batch.lens[slot] += 1;
         }
-        self.lm_head(&hidden.squeeze(1)?)
+        self.lm_head(&hidden)
     }
 
     /// Greedy or externally sampled generation for one prompt, token by token (a convenience

@@ -286,12 +286,15 @@ impl MemoryModel {
     /// (whole blocks, allocated in full: `shared/src/model/decode.rs`), the prefill of as many
     /// of its `slots` prompts of `prompt` tokens as [`crate::model::PREFILL_TOKENS`] holds (at
     /// least one; or one preempted row of `row` tokens, prompt and response, when the cache
-    /// cannot hold every row at its longest), and the logits of a step of `slots` rows. With the fused attention
-    /// (`packed`) the prompts run packed into one row and a layer's transients are linear in
-    /// their tokens (the larger of the attention and MLP blocks' per-token bytes, one layer at a
-    /// time); without it they run left-padded through the unfused attention (scores, their f32
-    /// copy with the mask, the probabilities and their cast, plus the mask). Each layer writes
-    /// its keys and values straight into the cache.
+    /// cannot hold every row at its longest), and the logits of a step of `slots` rows. With
+    /// the fused attention (`packed`) the prompts run packed into one row and a layer's
+    /// transients are linear in their tokens (the larger of the attention and MLP blocks'
+    /// per-token bytes, one layer at a time); a row longer than `PREFILL_TOKENS` runs in chunks
+    /// of that many tokens, each chunk's queries over the paged cache, whose block table lists
+    /// the row's blocks once per query (4 bytes each). Without the fused attention the prompts
+    /// run left-padded in one pass through the unfused attention (scores, their f32 copy with
+    /// the mask, the probabilities and their cast, plus the mask). Each layer writes its keys
+    /// and values straight into the cache.
     pub fn decode(
         &self,
         slots: usize,
@@ -313,17 +316,26 @@ impl MemoryModel {
         let per_token_kv = self.layers * 2 * self.kv * self.b;
         let cached = (kv_tokens as u64).div_ceil(block) * block;
         let cast = if self.b != 4 { 4 + self.b } else { 0 };
-        let prefill = if packed {
+        let chunk = crate::model::PREFILL_TOKENS as u64;
+        let per_token = self
+            .attention_block_bytes(false)
+            .max(self.mlp_block_bytes(false));
+        let prefill = if packed && p > chunk {
+            Item {
+                what: format!(
+                    "prefill of 1 row × {p} tokens in chunks of {chunk} (one layer at a time), \
+                     with a block table of {chunk} queries × {} blocks",
+                    p.div_ceil(block)
+                ),
+                bytes: chunk * per_token + chunk * p.div_ceil(block) * 4,
+            }
+        } else if packed {
             Item {
                 what: format!(
                     "prefill of {s} prompts × {p} tokens packed (fused attention, one layer at a \
                      time)"
                 ),
-                bytes: s
-                    * p
-                    * self
-                        .attention_block_bytes(false)
-                        .max(self.mlp_block_bytes(false)),
+                bytes: s * p * per_token,
             }
         } else {
             Item {
