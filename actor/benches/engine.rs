@@ -36,20 +36,7 @@ fn main() {
             let mut engine = Engine::new(model, 0, batch, vec![]).expect("engine");
             for r in 0..batch as u64 {
                 engine
-                    .submit(Job {
-                        tag: r,
-                        prompt_id: r,
-                        prompt_ids: (0..plen as u32)
-                            .map(|i| (r as u32 * 31 + i * 17) % vocab)
-                            .collect(),
-                        mode: Mode::NoThink,
-                        group_size: 1,
-                        params: GenParams {
-                            sampling: SamplingParams::plain(),
-                            max_new_tokens: steps + 1,
-                            seed: 0,
-                        },
-                    })
+                    .submit(job(r, plen, vocab, 1, steps + 1))
                     .expect("submit");
             }
             engine.step().expect("prefill step"); // prefill + first decode, not timed
@@ -88,20 +75,7 @@ fn groups(dir: &std::path::Path) {
                 engine.set_prompt_sharing(share);
                 for p in 0..prompts {
                     engine
-                        .submit(Job {
-                            tag: p,
-                            prompt_id: p,
-                            prompt_ids: (0..plen as u32)
-                                .map(|i| (p as u32 * 31 + i * 17) % vocab)
-                                .collect(),
-                            mode: Mode::NoThink,
-                            group_size: group,
-                            params: GenParams {
-                                sampling: SamplingParams::plain(),
-                                max_new_tokens: new_tokens,
-                                seed: 0,
-                            },
-                        })
+                        .submit(job(p, plen, vocab, group, new_tokens))
                         .expect("submit");
                 }
                 let t = Instant::now();
@@ -119,5 +93,23 @@ fn groups(dir: &std::path::Path) {
                                "shared_prefill_tokens": prefill[0],
                                "alone_prefill_tokens": prefill[1]})
         );
+    }
+}
+
+/// Prompt `id`: `len` tokens, `group` samples of up to `max_new_tokens`, plain sampling.
+fn job(id: u64, len: usize, vocab: u32, group: usize, max_new_tokens: usize) -> Job {
+    Job {
+        tag: id,
+        prompt_id: id,
+        prompt_ids: (0..len as u32)
+            .map(|i| (id as u32 * 31 + i * 17) % vocab)
+            .collect(),
+        mode: Mode::NoThink,
+        group_size: group,
+        params: GenParams {
+            sampling: SamplingParams::plain(),
+            max_new_tokens,
+            seed: 0,
+        },
     }
 }
