@@ -238,6 +238,40 @@ fn the_samples_of_a_prompt_share_its_cache_and_give_the_same_tokens() {
 }
 
 #[test]
+fn a_preempted_sample_resumes_from_its_siblings_prompt_cache() {
+    // 8 blocks of 16 tokens, 3 slots: prompt 1 (4 tokens, 1 sample, 44 new) and prompt 2 (20
+    // tokens, 2 samples sharing the first block, 60 new). At 28 new tokens the three rows
+    // need 10 blocks: the newest, prompt 2's second sample, is preempted. When prompt 1's row
+    // ends it comes back while its sibling is in flight: from the sibling's prompt cache, with
+    // only its response run through the model.
+    let jobs = [job(1, 4, 1, 44), job(2, 20, 2, 60)];
+    let run = |share: bool| {
+        let mut e =
+            Engine::with_kv_budget(common::tiny_model(1, 256), 0, 3, vec![], 8 * 16).unwrap();
+        e.set_prompt_sharing(share);
+        for j in &jobs {
+            assert!(e.submit(j.clone()).unwrap());
+        }
+        let mut out = e.run_to_completion().unwrap();
+        out.sort_by_key(key);
+        (out, e.stats())
+    };
+    let (shared, s) = run(true);
+    let (alone, a) = run(false);
+    assert!(s.preemptions >= 1 && s.resumed >= 1, "{s:?}");
+    assert!(a.preemptions >= 1 && a.resumed == 0, "{a:?}");
+    assert!(s.prefill_tokens < a.prefill_tokens, "{s:?} vs {a:?}");
+    assert_eq!(shared.len(), 3);
+    for (x, y) in shared.iter().zip(&alone) {
+        assert_eq!(key(x), key(y));
+        assert_eq!(x.response_ids, y.response_ids, "sample {:?}", key(x));
+        for (p, q) in x.logprobs.iter().zip(&y.logprobs) {
+            assert!((p - q).abs() < 1e-4, "log-prob {p} vs {q}");
+        }
+    }
+}
+
+#[test]
 fn after_a_weight_swap_queued_samples_do_not_start_from_the_old_prompt_cache() {
     let mut e = Engine::new(common::tiny_model(1, 256), 0, 2, vec![]).unwrap();
     assert!(e.submit(job(1, 21, 4, 6)).unwrap());

@@ -109,8 +109,11 @@ pub struct EngineStats {
     pub preemptions: u64,
     /// Tokens run through prefills (prompts, and the responses of preempted rows).
     pub prefill_tokens: u64,
-    /// Rows started from the cache of a sibling sample's prompt instead of a prefill.
+    /// Rows started from the cache of a sibling sample's prompt instead of a prefill (new
+    /// samples, and preempted ones, whose responses still run).
     pub shared_prompts: u64,
+    /// Of those, preempted rows (only their responses ran).
+    pub resumed: u64,
 }
 
 /// A prompt whose cache rows in flight hold, for its job's samples still queued.
@@ -130,6 +133,9 @@ enum Start {
     Prefill,
     /// From the prompt cache of a sibling in flight or prefilled in the same call.
     Shared,
+    /// A preempted row: from its prompt's cache held by a sibling in flight, then its response
+    /// run through the model.
+    Resume,
 }
 
 /// Continuous-batching generator over one model.
@@ -443,20 +449,28 @@ impl Engine {
                 break;
             };
             let len = next.prefill_len();
-            let start = match next {
-                Queued::New(job, _) if self.can_share(job, &admitted) => Start::Shared,
-                _ => Start::Prefill,
+            let (start, prompt) = match next {
+                Queued::New(job, _) if self.can_share(job, &admitted) => {
+                    (Start::Shared, job.prompt_ids.len())
+                }
+                Queued::Preempted(row)
+                    if self.share_prompts && self.shared_index(&row.job).is_some() =>
+                {
+                    (Start::Resume, row.job.prompt_ids.len())
+                }
+                _ => (Start::Prefill, 0),
             };
             let need = match start {
-                Start::Prefill => {
-                    // One prefill takes up to PREFILL_TOKENS tokens (at least one row).
-                    tokens += len;
-                    if tokens > PREFILL_TOKENS && admitted.iter().any(|a| a.1 == Start::Prefill) {
+                Start::Prefill | Start::Resume => {
+                    // One call runs up to PREFILL_TOKENS tokens (at least one row); a resumed
+                    // row runs its response only.
+                    tokens += len - prompt;
+                    if tokens > PREFILL_TOKENS && admitted.iter().any(|a| a.1 != Start::Shared) {
                         break;
                     }
-                    DecodeBatch::blocks_for(len + 1)
+                    // Its prompt's full blocks are shared (none for a prefill).
+                    DecodeBatch::blocks_for(len + 1) - prompt / BLOCK_TOKENS
                 }
-                // Its prompt's full blocks are shared.
                 Start::Shared => DecodeBatch::blocks_for(len + 1) - len / BLOCK_TOKENS,
             };
             if let Some(room) = room.as_mut() {
@@ -529,36 +543,73 @@ impl Engine {
                 logits.push(row);
             }
         }
-        // 2. The siblings that start from a prompt cache.
-        let forked: Vec<usize> = admitted
-            .iter()
-            .filter(|a| a.1 == Start::Shared)
-            .map(|a| a.0)
-            .collect();
-        for &slot in &forked {
+        // 2. The rows that start from a sibling's prompt cache: new samples draw their first
+        //    token from the prompt's logits, preempted ones run their response first.
+        let mut shared = Vec::new();
+        let mut resumed = Vec::new();
+        for &(slot, start) in &admitted {
+            if start == Start::Prefill {
+                continue;
+            }
             let job = self.rows[slot].as_ref().expect("just filled").job.clone();
             let e = self.shared_index(&job).expect("a shared prompt was found");
             let src = self.shared[e].slots[0];
             self.batch
                 .fork(&self.model, src, slot, job.prompt_ids.len())?;
             self.shared[e].slots.push(slot);
-            logits.push(self.shared[e].logits.clone());
             self.stats.shared_prompts += 1;
+            if start == Start::Shared {
+                logits.push(self.shared[e].logits.clone());
+                shared.push(slot);
+            } else {
+                resumed.push(slot);
+                self.stats.resumed += 1;
+            }
         }
-        // Prompts none of whose samples are queued any more are not kept.
-        let queue = &self.queue;
-        self.shared.retain(|p| {
-            queue
-                .iter()
-                .any(|q| matches!(q, Queued::New(job, _) if Arc::ptr_eq(job, &p.job)))
-        });
-        let slots: Vec<usize> = prefilled.into_iter().chain(forked).collect();
+        if !resumed.is_empty() {
+            logits.extend(self.run_responses(&resumed)?);
+        }
+        // A prompt's cache is kept while a row holding it is in flight (see free_slot), for its
+        // queued and preempted samples.
+        let slots: Vec<usize> = prefilled.into_iter().chain(shared).chain(resumed).collect();
         let logits = if logits.len() == 1 {
             logits.pop().expect("one row")
         } else {
             Tensor::cat(&logits, 0)?
         };
         self.sample_into(&slots, &logits, done)
+    }
+
+    /// Runs the responses of preempted rows resumed from their prompt's cache, at most
+    /// `PREFILL_TOKENS` tokens a pass (as a prefill). Returns each row's next-token logits,
+    /// `(1, vocab)`, in the order of `slots`.
+    fn run_responses(&mut self, slots: &[usize]) -> Result<Vec<Tensor>> {
+        let mut last = vec![None; slots.len()];
+        let longest = slots
+            .iter()
+            .map(|&s| self.rows[s].as_ref().map_or(0, |r| r.response.len()))
+            .max()
+            .unwrap_or(0);
+        for from in (0..longest).step_by(PREFILL_TOKENS) {
+            let mut idx = Vec::new();
+            let mut pass: Vec<(usize, &[u32])> = Vec::new();
+            for (i, &s) in slots.iter().enumerate() {
+                let r = &self.rows[s].as_ref().expect("resumed row").response;
+                if r.len() > from {
+                    idx.push(i);
+                    pass.push((s, &r[from..r.len().min(from + PREFILL_TOKENS)]));
+                }
+            }
+            let out = self.model.extend(&mut self.batch, &pass)?;
+            self.stats.prefill_tokens += pass.iter().map(|p| p.1.len() as u64).sum::<u64>();
+            for (j, i) in idx.into_iter().enumerate() {
+                last[i] = Some(out.narrow(0, j, 1)?);
+            }
+        }
+        Ok(last
+            .into_iter()
+            .map(|l| l.expect("a preempted row has a response"))
+            .collect())
     }
 
     /// Whether a new sample of `job` can start from its prompt's cache: a sibling is in flight
