@@ -4,6 +4,7 @@
 //! `cargo bench -p cascade-shared --bench model -- MODEL_DIR [train_batch train_len]
 //! [--checkpoint=K] [--train-only]`: `--checkpoint=K` checkpoints every K-th decoder layer in
 //! the train measurement (as `learner.activation_checkpointing`); `--train-only` skips decode.
+//! `--prefill=LEN,CHUNK` measures only the prefill of one LEN-token prompt, CHUNK tokens a pass.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -28,10 +29,21 @@ fn main() -> anyhow::Result<()> {
         .transpose()?
         .unwrap_or(0);
     let train_only = all.iter().any(|a| a == "--train-only");
+    let prefill: Option<(usize, usize)> = all
+        .iter()
+        .find_map(|a| a.strip_prefix("--prefill="))
+        .map(|v| -> anyhow::Result<(usize, usize)> {
+            let (len, chunk) = v.split_once(',').unwrap_or((v, v));
+            Ok((len.parse()?, chunk.parse()?))
+        })
+        .transpose()?;
     let Some(dir) = args.first().map(|a| PathBuf::from(a.as_str())) else {
         eprintln!("usage: model MODEL_DIR [train_batch train_len]");
         return Ok(());
     };
+    if let Some((len, chunk)) = prefill {
+        return prefill_bench(&dir, len, chunk);
+    }
     let train_batch: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(4);
     let train_len: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(128);
     let dev = Device::Cpu;
@@ -95,5 +107,28 @@ fn main() -> anyhow::Result<()> {
         }
         println!("{{\"bench\": \"decode\", \"batch\": {batch}, \"steps\": {steps}, \"tokens_per_s\": {}}}", (batch * steps) as f64 / best);
     }
+    Ok(())
+}
+
+/// `--prefill=LEN,CHUNK`: the prefill of one `LEN`-token prompt into an actor's cache, `CHUNK`
+/// tokens a pass (`CausalLm::extend` after the first), best of 3; prints its tokens/s and the
+/// process's peak RSS (run one setting per process to compare memory).
+fn prefill_bench(dir: &std::path::Path, len: usize, chunk: usize) -> anyhow::Result<()> {
+    let model = load_model(dir, &Device::Cpu)?;
+    let vocab = model.config().vocab_size as u32;
+    let prompt: Vec<u32> = (0..len).map(|i| (i as u32 * 7919 + 13) % vocab).collect();
+    let mut best = f64::MAX;
+    for _ in 0..3 {
+        let mut b = DecodeBatch::with_kv_budget(1, len);
+        b.set_prefill_chunk(chunk);
+        let t = Instant::now();
+        std::hint::black_box(model.prefill(&mut b, &[(0, &prompt)])?);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    println!(
+        "{{\"bench\": \"prefill\", \"len\": {len}, \"chunk\": {chunk}, \"tokens_per_s\": {}, \"peak_rss_mb\": {}}}",
+        len as f64 / best,
+        cascade_shared::metrics::peak_rss_mb().unwrap_or(0.0)
+    );
     Ok(())
 }

@@ -1,11 +1,14 @@
 //! The CPU kernel of [`super::paged_attention`]: parallel over (row, kv head); each task keeps
 //! the `rep` query heads of its group in f32 and walks the row's blocks once with an online
 //! softmax, scoring a block's keys for every head of the group before reading its values.
+//! Built twice, for AVX2 + FMA and generic x86-64/other CPUs, chosen at run time (the fused
+//! attention's [`crate::model::simd`] primitives: a polynomial `exp` that vectorises).
 
 use rayon::prelude::*;
 
 use super::{PageTable, BLOCK_TOKENS};
 use crate::model::flash_attn::Elem;
+use crate::model::simd::{detect_isa, exp_sum_in_place, fast_exp, madd, row_max, Isa};
 
 /// Shapes of one call.
 #[derive(Debug, Clone, Copy)]
@@ -17,6 +20,11 @@ pub struct Dims {
     /// Head dimension.
     pub d: usize,
 }
+
+/// Consecutive rows reading the same blocks (the queries of one sequence's chunk,
+/// `CausalLm::extend`) run as one task per kv head, up to this many: each block's keys and
+/// values are read once for all of them instead of once per row.
+const TILE_ROWS: usize = 16;
 
 /// `out[r, h] = softmax(scale · q[r, h] · K_rᵀ) V_r` over row `r`'s pool rows.
 pub(crate) fn decode<T: Elem>(
@@ -30,97 +38,188 @@ pub(crate) fn decode<T: Elem>(
 ) {
     let Dims { heads, kv_heads, d } = dims;
     let rep = heads / kv_heads;
-    out.par_chunks_mut(rep * d)
-        .enumerate()
-        .for_each(|(task, out)| {
-            let (r, g) = (task / kv_heads, task % kv_heads);
-            let len = table.lens()[r] as usize;
-            // The group's queries, pre-scaled: (rep, d).
-            let q0 = (r * heads + g * rep) * d;
-            let qf: Vec<f32> = q[q0..q0 + rep * d]
+    let isa = detect_isa();
+    let call = Call {
+        q,
+        k,
+        v,
+        dims,
+        table,
+        scale,
+    };
+    let tiles = tiles(table);
+    let results: Vec<Vec<T>> = (0..tiles.len() * kv_heads)
+        .into_par_iter()
+        .map(|task| {
+            let ((first, rows), g) = (tiles[task / kv_heads], task % kv_heads);
+            let mut buf = vec![T::from_f32(0.0); rows * rep * d];
+            match isa {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `Isa::Avx2Fma` is only returned by `detect_isa` after
+                // `is_x86_feature_detected!` confirmed AVX2 and FMA on this CPU.
+                Isa::Avx2Fma => unsafe { group_avx2(&call, first, rows, g, &mut buf) },
+                Isa::Generic => group::<T, false>(&call, first, rows, g, &mut buf),
+            }
+            buf
+        })
+        .collect();
+    for (task, buf) in results.iter().enumerate() {
+        let ((first, rows), g) = (tiles[task / kv_heads], task % kv_heads);
+        for i in 0..rows {
+            let o = ((first + i) * heads + g * rep) * d;
+            out[o..o + rep * d].copy_from_slice(&buf[i * rep * d..(i + 1) * rep * d]);
+        }
+    }
+}
+
+/// `(first row, rows)` of each run of at most [`TILE_ROWS`] consecutive rows with the same
+/// blocks.
+pub(super) fn tiles(table: &PageTable) -> Vec<(usize, usize)> {
+    let w = table.width();
+    let blocks = |r: usize| &table.blocks()[r * w..(r + 1) * w];
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for r in 0..table.rows() {
+        match out.last_mut() {
+            Some((first, n)) if *n < TILE_ROWS && blocks(*first) == blocks(r) => *n += 1,
+            _ => out.push((r, 1)),
+        }
+    }
+    out
+}
+
+/// The inputs of one call.
+struct Call<'a, T> {
+    q: &'a [T],
+    k: &'a [T],
+    v: &'a [T],
+    dims: Dims,
+    table: &'a PageTable,
+    scale: f32,
+}
+
+/// [`group`] compiled with AVX2 and FMA.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn group_avx2<T: Elem>(
+    call: &Call<'_, T>,
+    first: usize,
+    rows: usize,
+    g: usize,
+    out: &mut [T],
+) {
+    group::<T, true>(call, first, rows, g, out)
+}
+
+/// One task: rows `first..first + rows` (the same blocks, each up to its own length), kv head
+/// `g` and its `rep` query heads; `out` is `(rows, rep, d)`.
+#[inline(always)]
+fn group<T: Elem, const FMA: bool>(
+    call: &Call<'_, T>,
+    first: usize,
+    rows: usize,
+    g: usize,
+    out: &mut [T],
+) {
+    let Dims { heads, kv_heads, d } = call.dims;
+    let (k, v, table) = (call.k, call.v, call.table);
+    let rep = heads / kv_heads;
+    let lens: Vec<usize> = (first..first + rows)
+        .map(|r| table.lens()[r] as usize)
+        .collect();
+    let longest = lens.iter().copied().max().unwrap_or(0);
+    // The queries, pre-scaled: (rows, rep, d); per (row, head) the online softmax's state.
+    let mut qf = Vec::with_capacity(rows * rep * d);
+    for r in first..first + rows {
+        let q0 = (r * heads + g * rep) * d;
+        qf.extend(
+            call.q[q0..q0 + rep * d]
                 .iter()
-                .map(|x| x.to_f32() * scale)
-                .collect();
-            let mut m = vec![f32::NEG_INFINITY; rep];
-            let mut l = vec![0f32; rep];
-            let mut acc = vec![0f32; rep * d];
-            let mut scores = vec![0f32; rep * BLOCK_TOKENS];
-            let mut kbuf = Vec::new();
-            let mut vbuf = Vec::new();
-            for b in 0..len.div_ceil(BLOCK_TOKENS) {
-                let start = b * BLOCK_TOKENS;
-                let n = BLOCK_TOKENS.min(len - start);
-                let base = table.pool_row(r, start);
-                // 1. Scores of the block's keys for every head of the group.
-                for j in 0..n {
-                    let off = ((base + j) * kv_heads + g) * d;
-                    let kr = T::as_f32(&k[off..off + d], &mut kbuf);
-                    for h in 0..rep {
-                        scores[h * BLOCK_TOKENS + j] = dot(&qf[h * d..(h + 1) * d], kr);
-                    }
-                }
-                // 2. Online softmax: rescale what came before, exponentiate the block.
-                for h in 0..rep {
-                    let s = &mut scores[h * BLOCK_TOKENS..h * BLOCK_TOKENS + n];
-                    let mx = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    let m_new = m[h].max(mx);
-                    let corr = if m[h] == f32::NEG_INFINITY {
-                        0.0
-                    } else {
-                        (m[h] - m_new).exp()
-                    };
-                    let mut sum = 0f32;
-                    for x in s.iter_mut() {
-                        *x = (*x - m_new).exp();
-                        sum += *x;
-                    }
-                    l[h] = l[h] * corr + sum;
-                    m[h] = m_new;
-                    if corr != 1.0 {
-                        acc[h * d..(h + 1) * d].iter_mut().for_each(|a| *a *= corr);
-                    }
-                }
-                // 3. The values, weighted.
-                for j in 0..n {
-                    let off = ((base + j) * kv_heads + g) * d;
-                    let vr = T::as_f32(&v[off..off + d], &mut vbuf);
-                    for h in 0..rep {
-                        let p = scores[h * BLOCK_TOKENS + j];
-                        axpy(&mut acc[h * d..(h + 1) * d], p, vr);
-                    }
-                }
+                .map(|x| x.to_f32() * call.scale),
+        );
+    }
+    let mut m = vec![f32::NEG_INFINITY; rows * rep];
+    let mut l = vec![0f32; rows * rep];
+    let mut acc = vec![0f32; rows * rep * d];
+    let mut scores = [0f32; BLOCK_TOKENS];
+    let mut kblk = vec![0f32; BLOCK_TOKENS * d];
+    let mut vblk = vec![0f32; BLOCK_TOKENS * d];
+    let mut buf = Vec::new();
+    for b in 0..longest.div_ceil(BLOCK_TOKENS) {
+        let start = b * BLOCK_TOKENS;
+        let n = BLOCK_TOKENS.min(longest - start);
+        let base = table.pool_row(first, start);
+        // The block's keys and values for this kv head, once for every row of the tile.
+        for j in 0..n {
+            let off = ((base + j) * kv_heads + g) * d;
+            kblk[j * d..(j + 1) * d].copy_from_slice(T::as_f32(&k[off..off + d], &mut buf));
+            vblk[j * d..(j + 1) * d].copy_from_slice(T::as_f32(&v[off..off + d], &mut buf));
+        }
+        for (i, &len) in lens.iter().enumerate() {
+            if len <= start {
+                continue;
             }
+            let ni = n.min(len - start);
             for h in 0..rep {
-                let inv = 1.0 / l[h];
-                for (o, a) in out[h * d..(h + 1) * d].iter_mut().zip(&acc[h * d..]) {
-                    *o = T::from_f32(a * inv);
+                let x = i * rep + h;
+                let qx = &qf[x * d..(x + 1) * d];
+                // Scores, then the online softmax: rescale what came before, exponentiate.
+                let s = &mut scores[..ni];
+                for (j, s) in s.iter_mut().enumerate() {
+                    *s = dot::<FMA>(qx, &kblk[j * d..(j + 1) * d]);
+                }
+                let m_new = m[x].max(row_max(s));
+                let corr = if m[x] == f32::NEG_INFINITY {
+                    0.0
+                } else {
+                    fast_exp::<FMA>(m[x] - m_new)
+                };
+                let sum = exp_sum_in_place::<FMA>(s, m_new);
+                l[x] = madd::<FMA>(l[x], corr, sum);
+                m[x] = m_new;
+                let a = &mut acc[x * d..(x + 1) * d];
+                if corr != 1.0 {
+                    a.iter_mut().for_each(|a| *a *= corr);
+                }
+                // The values, weighted.
+                for (j, &p) in s.iter().enumerate() {
+                    axpy::<FMA>(a, p, &vblk[j * d..(j + 1) * d]);
                 }
             }
-        });
+        }
+    }
+    for x in 0..rows * rep {
+        let inv = 1.0 / l[x];
+        for (o, a) in out[x * d..(x + 1) * d].iter_mut().zip(&acc[x * d..]) {
+            *o = T::from_f32(a * inv);
+        }
+    }
 }
 
 /// `Σ a·b` with eight partial sums (vectorisable).
-#[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+#[inline(always)]
+fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
     let mut s = [0f32; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
     let (ra, rb) = (ca.remainder(), cb.remainder());
     for (x, y) in ca.zip(cb) {
         for i in 0..8 {
-            s[i] += x[i] * y[i];
+            s[i] = madd::<FMA>(x[i], y[i], s[i]);
         }
     }
     let mut t = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
     for (x, y) in ra.iter().zip(rb) {
-        t += x * y;
+        t = madd::<FMA>(*x, *y, t);
     }
     t
 }
 
 /// `acc += p · x`.
-#[inline]
-fn axpy(acc: &mut [f32], p: f32, x: &[f32]) {
+#[inline(always)]
+fn axpy<const FMA: bool>(acc: &mut [f32], p: f32, x: &[f32]) {
     for (a, b) in acc.iter_mut().zip(x) {
-        *a += p * b;
+        *a = madd::<FMA>(p, *b, *a);
     }
 }

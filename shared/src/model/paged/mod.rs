@@ -329,6 +329,31 @@ mod tests {
     }
 
     #[test]
+    fn the_queries_of_a_chunk_read_their_sequence_up_to_themselves() {
+        // 37 queries of one sequence at positions 90..127 (tiles of 16, 16 and 5 rows), then
+        // 3 of another at 5..8, then one more of the first: each against the gathered rows.
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let (heads, kv_heads, d) = (8, 2, 64);
+        let (_, k, v, one) = case(&mut rng, &[127, 8], (heads, kv_heads, d));
+        let w = one.width();
+        let (a, b) = (&one.blocks()[..w], &one.blocks()[w..w + 1]);
+        let mut rows: Vec<(&[u32], usize)> = (91..=127).map(|len| (a, len)).collect();
+        rows.extend((6..=8).map(|len| (b, len)));
+        rows.push((a, 50));
+        let table = Arc::new(PageTable::new(&rows).unwrap());
+        assert_eq!(
+            cpu::tiles(&table),
+            vec![(0, 16), (16, 16), (32, 5), (37, 3), (40, 1)]
+        );
+        let q = Tensor::randn(0f32, 1f32, (rows.len(), heads, d), &Device::Cpu).unwrap();
+        let scale = 0.125;
+        let fast = paged_attention(&q, &k, &v, &table, scale).unwrap();
+        let reference = gathered_attention(&q, &k, &v, &table, scale).unwrap();
+        let err = max_rel(&fast, &reference);
+        assert!(err < 1e-5, "max rel error {err}");
+    }
+
+    #[test]
     fn a_row_sees_only_its_own_tokens() {
         // Row 0's keys are changed past its length and in blocks it does not own: no effect.
         let mut rng = ChaCha8Rng::seed_from_u64(4);
