@@ -580,36 +580,26 @@ impl Engine {
         self.sample_into(&slots, &logits, done)
     }
 
-    /// Runs the responses of preempted rows resumed from their prompt's cache, at most
-    /// `PREFILL_TOKENS` tokens a pass (as a prefill). Returns each row's next-token logits,
+    /// Runs the responses of preempted rows resumed from their prompt's cache (in chunks of
+    /// at most `PREFILL_TOKENS`, as a prefill). Returns each row's next-token logits,
     /// `(1, vocab)`, in the order of `slots`.
     fn run_responses(&mut self, slots: &[usize]) -> Result<Vec<Tensor>> {
-        let mut last = vec![None; slots.len()];
-        let longest = slots
+        let responses: Vec<(usize, &[u32])> = slots
             .iter()
-            .map(|&s| self.rows[s].as_ref().map_or(0, |r| r.response.len()))
-            .max()
-            .unwrap_or(0);
-        for from in (0..longest).step_by(PREFILL_TOKENS) {
-            let mut idx = Vec::new();
-            let mut pass: Vec<(usize, &[u32])> = Vec::new();
-            for (i, &s) in slots.iter().enumerate() {
-                let r = &self.rows[s].as_ref().expect("resumed row").response;
-                if r.len() > from {
-                    idx.push(i);
-                    pass.push((s, &r[from..r.len().min(from + PREFILL_TOKENS)]));
-                }
-            }
-            let out = self.model.extend(&mut self.batch, &pass)?;
-            self.stats.prefill_tokens += pass.iter().map(|p| p.1.len() as u64).sum::<u64>();
-            for (j, i) in idx.into_iter().enumerate() {
-                last[i] = Some(out.narrow(0, j, 1)?);
-            }
-        }
-        Ok(last
-            .into_iter()
-            .map(|l| l.expect("a preempted row has a response"))
-            .collect())
+            .map(|&s| {
+                (
+                    s,
+                    self.rows[s]
+                        .as_ref()
+                        .expect("resumed row")
+                        .response
+                        .as_slice(),
+                )
+            })
+            .collect();
+        let out = self.model.extend(&mut self.batch, &responses)?;
+        self.stats.prefill_tokens += responses.iter().map(|r| r.1.len() as u64).sum::<u64>();
+        (0..slots.len()).map(|i| Ok(out.narrow(0, i, 1)?)).collect()
     }
 
     /// Whether a new sample of `job` can start from its prompt's cache: a sibling is in flight

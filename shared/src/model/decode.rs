@@ -376,11 +376,7 @@ impl CausalLm {
             if prompt.len() <= chunk {
                 continue;
             }
-            let mut last = None;
-            for part in prompt[chunk..].chunks(chunk) {
-                last = Some(self.extend(batch, &[(slot, part)])?);
-            }
-            let last = last.expect("a longer prompt has a second chunk");
+            let last = self.extend(batch, &[(slot, &prompt[chunk..])])?;
             logits = logits.slice_scatter0(&last, i)?;
         }
         Ok(logits)
@@ -433,8 +429,8 @@ impl CausalLm {
     /// itself: the rest of a long prompt after its first chunk, or any continuation. Returns
     /// the logits after each row's last new token, `(rows.len(), vocab)` f32, in the order of
     /// `rows`. Every token is one row of the paged attention (a decode step is one token per
-    /// slot). With a KV budget that cannot hold the tokens, [`ModelError::KvFull`] and nothing
-    /// changes.
+    /// slot). More tokens than the batch's prefill chunk run a row at a time, in chunks. With a
+    /// KV budget that cannot hold the tokens, [`ModelError::KvFull`] and nothing changes.
     pub fn extend(&self, batch: &mut DecodeBatch, rows: &[(usize, &[u32])]) -> Result<Tensor> {
         if rows.is_empty() {
             return Err(ModelError::Config("extend needs at least one row".into()));
@@ -474,8 +470,26 @@ impl CausalLm {
                 batch.tables[*slot].push(block);
             }
         }
-        // 2. One paged-attention row per token: its id, position, pool row, and the keys it
-        //    reads (its row's, up to itself).
+        // 2. Passes of at most a prefill chunk.
+        let chunk = batch.prefill_chunk;
+        if rows_tokens(rows) <= chunk {
+            return self.extend_pass(batch, rows);
+        }
+        let mut last = Vec::with_capacity(rows.len());
+        for &(slot, tokens) in rows {
+            let mut out = None;
+            for part in tokens.chunks(chunk) {
+                out = Some(self.extend_pass(batch, &[(slot, part)])?);
+            }
+            last.push(out.expect("a row has tokens"));
+        }
+        Ok(Tensor::cat(&last, 0)?)
+    }
+
+    /// One pass of [`CausalLm::extend`], the rows' blocks already taken.
+    fn extend_pass(&self, batch: &mut DecodeBatch, rows: &[(usize, &[u32])]) -> Result<Tensor> {
+        // One paged-attention row per token: its id, position, pool row, and the keys it reads
+        // (its row's, up to itself).
         let total = rows_tokens(rows);
         let (mut ids, mut pos, mut to) = (
             Vec::with_capacity(total),
@@ -640,12 +654,7 @@ impl CausalLm {
         }
         let max_pos = self.config().max_position_embeddings;
         for &(slot, tok) in tokens {
-            if tok as usize >= self.config().vocab_size {
-                return Err(ModelError::BadTokenId {
-                    id: tok,
-                    vocab: self.config().vocab_size,
-                });
-            }
+            self.check_ids(&[tok])?;
             if batch.lens[slot] >= max_pos {
                 return Err(ModelError::TooLong {
                     len: batch.lens[slot] + 1,
