@@ -2,8 +2,9 @@
 //! `scripts/build-gpu.sh`, run by `scripts/gpu-check.sh`): the forward's `O` and log-sum-exp
 //! and `dQ`/`dK`/`dV` through candle's autograd, on shapes with GQA, packed segments, left and
 //! right padding, lengths 1, 63, 64, 65, 1000, head dims 64 and 128, f32 (to 1e-4) and bf16 (to
-//! 1e-2). The ignored `gpu_flash_attn_benchmark` times forward + backward against the H200's
-//! bf16 FLOP bound and writes a table to `$FLASH_ATTN_BENCH_OUT` (or stdout).
+//! 1e-2; on the tensor-core kernels and on the FMA ones). The ignored `gpu_flash_attn_benchmark`
+//! times forward + backward of both bf16 kernels against the H200's bf16 FLOP bound and writes a
+//! table to `$FLASH_ATTN_BENCH_OUT` (or stdout).
 #![cfg(feature = "cuda")]
 
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use std::time::Instant;
 
 use anyhow::{ensure, Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
+use cascade_shared::model::flash_attn::cuda::set_tensor_cores;
 use cascade_shared::model::flash_attn::{flash_attn, flash_attn_lse, Segments};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -134,11 +136,19 @@ fn gpu_matches_cpu_op() -> Result<()> {
         let k = randn(&mut rng, &[b, kvh, t, d])?;
         let v = randn(&mut rng, &[b, kvh, t, d])?;
         let g = randn(&mut rng, &[b, h, t, d])?;
-        for (dtype, tol) in [(DType::F32, 1e-4f32), (DType::BF16, 1e-2)] {
+        // bf16 twice: on the tensor-core kernels (compute capability 8.0+) and the FMA ones.
+        for (dtype, tol, tensor_cores) in [
+            (DType::F32, 1e-4f32, false),
+            (DType::BF16, 1e-2, true),
+            (DType::BF16, 1e-2, false),
+        ] {
             let inputs = [&q, &k, &v, &g].map(|x| x.to_dtype(dtype).unwrap());
             let args = (&inputs[0], &inputs[1], &inputs[2], &inputs[3]);
             let cpu = run(&Device::Cpu, args, &segments)?;
-            let gpu = run(&dev, args, &segments)?;
+            set_tensor_cores(tensor_cores);
+            let gpu = run(&dev, args, &segments);
+            set_tensor_cores(true);
+            let gpu = gpu?;
             let mut errs = Vec::new();
             for (what, (a, b)) in ["O", "L", "dQ", "dK", "dV"]
                 .iter()
@@ -146,11 +156,12 @@ fn gpu_matches_cpu_op() -> Result<()> {
             {
                 errs.push((*what, rel_err(a, b, what)?));
             }
-            eprintln!("{name} {dtype:?}: relative errors {errs:?}");
+            let kernels = if tensor_cores { "tensor cores" } else { "FMA" };
+            eprintln!("{name} {dtype:?} {kernels}: relative errors {errs:?}");
             for (what, err) in errs {
                 ensure!(
                     err <= tol,
-                    "{name} {dtype:?}: {what} off by {err:e} (tol {tol:e})"
+                    "{name} {dtype:?} {kernels}: {what} off by {err:e} (tol {tol:e})"
                 );
             }
         }
@@ -168,9 +179,9 @@ fn unsupported_head_dim_is_an_error() -> Result<()> {
 }
 
 /// Forward and forward + backward of the Qwen3-0.6B attention shape (16 heads, 8 kv heads,
-/// head dim 128), bf16, causal, against the H200's nominal dense bf16 rate (989 TFLOP/s).
-/// FLOPs counted as FlashAttention-2 does for causal attention: forward 2 b h t² d,
-/// backward 2.5 × that.
+/// head dim 128), bf16, causal, against the H200's nominal dense bf16 rate (989 TFLOP/s), on the
+/// tensor-core kernels and on the FMA ones (same inputs, same run). FLOPs counted as
+/// FlashAttention-2 does for causal attention: forward 2 b h t² d, backward 2.5 × that.
 #[test]
 #[ignore]
 fn gpu_flash_attn_benchmark() -> Result<()> {
@@ -178,8 +189,8 @@ fn gpu_flash_attn_benchmark() -> Result<()> {
     let dev = gpu();
     let mut table = String::from(
         "## Fused attention on the GPU (bf16, causal, 16 heads / 8 kv heads, d 128)\n\n\
-         | b x t | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s | of 989 TFLOP/s |\n\
-         |---|---|---|---|---|---|\n",
+         | b x t | kernels | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s | of 989 TFLOP/s |\n\
+         |---|---|---|---|---|---|---|\n",
     );
     let mut rng = ChaCha8Rng::seed_from_u64(9);
     for (b, t) in [(4usize, 1024usize), (1, 4096), (1, 16384)] {
@@ -214,33 +225,38 @@ fn gpu_flash_attn_benchmark() -> Result<()> {
             ensure!(grads.get(qv.as_tensor()).is_some(), "no gradient");
             Ok(())
         };
-        // Warm-up (NVRTC compile, module load).
-        fwd()?;
-        fwd_bwd()?;
-        dev.synchronize()?;
-        let reps = if t >= 16384 { 3 } else { 10 };
-        let t0 = Instant::now();
-        for _ in 0..reps {
+        for tensor_cores in [true, false] {
+            set_tensor_cores(tensor_cores);
+            // Warm-up (NVRTC compile, module load).
             fwd()?;
-        }
-        dev.synchronize()?;
-        let fwd_s = t0.elapsed().as_secs_f64() / reps as f64;
-        let t0 = Instant::now();
-        for _ in 0..reps {
             fwd_bwd()?;
+            dev.synchronize()?;
+            let reps = if t >= 16384 { 3 } else { 10 };
+            let t0 = Instant::now();
+            for _ in 0..reps {
+                fwd()?;
+            }
+            dev.synchronize()?;
+            let fwd_s = t0.elapsed().as_secs_f64() / reps as f64;
+            let t0 = Instant::now();
+            for _ in 0..reps {
+                fwd_bwd()?;
+            }
+            dev.synchronize()?;
+            let all_s = t0.elapsed().as_secs_f64() / reps as f64;
+            let flops_fwd = 2.0 * (b * h) as f64 * (t * t) as f64 * d as f64;
+            let flops_all = 3.5 * flops_fwd;
+            let kernels = if tensor_cores { "tensor cores" } else { "FMA" };
+            table.push_str(&format!(
+                "| {b} x {t} | {kernels} | {:.2} | {:.1} | {:.2} | {:.1} | {:.1}% |\n",
+                fwd_s * 1e3,
+                flops_fwd / fwd_s / 1e12,
+                all_s * 1e3,
+                flops_all / all_s / 1e12,
+                100.0 * flops_all / all_s / PEAK
+            ));
         }
-        dev.synchronize()?;
-        let all_s = t0.elapsed().as_secs_f64() / reps as f64;
-        let flops_fwd = 2.0 * (b * h) as f64 * (t * t) as f64 * d as f64;
-        let flops_all = 3.5 * flops_fwd;
-        table.push_str(&format!(
-            "| {b} x {t} | {:.2} | {:.1} | {:.2} | {:.1} | {:.1}% |\n",
-            fwd_s * 1e3,
-            flops_fwd / fwd_s / 1e12,
-            all_s * 1e3,
-            flops_all / all_s / 1e12,
-            100.0 * flops_all / all_s / PEAK
-        ));
+        set_tensor_cores(true);
     }
     match std::env::var("FLASH_ATTN_BENCH_OUT") {
         Ok(path) => std::fs::write(&path, &table)?,

@@ -1,16 +1,20 @@
 // Runs the fused-attention kernels of shared/src/model/flash_attn/kernels/flash_attn.cu
-// (included as KERNEL_SOURCE, with tests/cuda_emu/cuda_emu.h force-included) on the CPU, with
-// the launch shapes of shared/src/model/flash_attn/cuda.rs: the forward, then the backward
-// (fa_dq, then fa_dkdv) on the forward's O and L. Driven by
-// shared/tests/flash_attn_kernel_emulated.rs through little-endian binary files:
+// (included as KERNEL_SOURCE) and flash_attn_mma.cu (MMA_SOURCE, after it, as NVRTC compiles
+// them), with tests/cuda_emu/cuda_emu.h force-included, on the CPU, with the launch shapes of
+// shared/src/model/flash_attn/cuda.rs: the forward, then the backward (dq, then dkdv) on the
+// forward's O and L. Driven by shared/tests/flash_attn_kernel_emulated.rs through
+// little-endian binary files:
 //
 //   flash_attn_emu IN OUT
-//   IN:  u32 dtype (0 f32, 1 bf16), u32 b, heads, kv_heads, t, d, f32 scale, u32 n_segs;
+//   IN:  u32 kernels (0 f32, 1 bf16: fa_*; 2 bf16 on tensor cores: fam_*, 128 threads),
+//        u32 b, heads, kv_heads, t, d, f32 scale, u32 n_segs;
 //        u32 seg_off[b + 1], u32 segs[2 * n_segs]; q, k, v, dO (elements of the dtype).
 //   OUT: O (elements), L (f32, b * heads * t), dQ, dK, dV (elements).
 #include KERNEL_SOURCE
+#include MMA_SOURCE
 
 #include <string>
+#include <type_traits>
 
 #include "cuda_emu_io.h"
 
@@ -30,12 +34,25 @@ ENTRIES(float, f32, 128)
 ENTRIES(bf16_bits, bf16, 64)
 ENTRIES(bf16_bits, bf16, 128)
 
+// The tensor-core kernels (bf16 only).
+template <int DMAX>
+struct MmaEntries;
+#define MMA_ENTRIES(DMAX)                                     \
+    template <>                                               \
+    struct MmaEntries<DMAX> {                                 \
+        static constexpr auto fwd = fam_fwd_bf16_d##DMAX;     \
+        static constexpr auto dq = fam_dq_bf16_d##DMAX;       \
+        static constexpr auto dkdv = fam_dkdv_bf16_d##DMAX;   \
+    };
+MMA_ENTRIES(64)
+MMA_ENTRIES(128)
+
 struct Shape {
     unsigned int b, heads, kv_heads, t, d;
     float scale;
 };
 
-template <class T, int DMAX>
+template <class T, int DMAX, bool MMA>
 void run(const Shape& s, const std::vector<unsigned int>& seg_off,
          const std::vector<unsigned int>& segs, cuda_emu::Reader& in, const char* out_path) {
     const std::size_t nq = std::size_t(s.b) * s.heads * s.t * s.d;
@@ -49,21 +66,26 @@ void run(const Shape& s, const std::vector<unsigned int>& seg_off,
     std::vector<T> out(nq), dq(nq), dk(nk), dv(nk);
     std::vector<float> lse(rows), delta(rows);
     using Tl = Tiles<DMAX>;
-    const unsigned int q_blocks = (s.t + Tl::FWD_M - 1) / Tl::FWD_M;
-    const unsigned int dq_blocks = (s.t + Tl::BWD_M - 1) / Tl::BWD_M;
-    const unsigned int k_blocks = (s.t + Tl::BWD_N - 1) / Tl::BWD_N;
-    const dim3 block{THREADS, 1, 1};
+    using Mt = MmaTiles<DMAX>;
+    const unsigned int fwd_m = MMA ? Mt::FWD_M : Tl::FWD_M;
+    const unsigned int dq_m = MMA ? Mt::DQ_M : Tl::BWD_M;
+    const unsigned int dkdv_n = MMA ? Mt::DKDV_N : Tl::BWD_N;
+    const unsigned int q_blocks = (s.t + fwd_m - 1) / fwd_m;
+    const unsigned int dq_blocks = (s.t + dq_m - 1) / dq_m;
+    const unsigned int k_blocks = (s.t + dkdv_n - 1) / dkdv_n;
+    const dim3 block{MMA ? FAM_THREADS : THREADS, 1, 1};
+    using E = std::conditional_t<MMA, MmaEntries<DMAX>, Entries<T, DMAX>>;
     if (s.t > 0) {
-        cuda_emu::launch(dim3{s.b * s.heads * q_blocks, 1, 1}, block, Entries<T, DMAX>::fwd,
+        cuda_emu::launch(dim3{s.b * s.heads * q_blocks, 1, 1}, block, E::fwd,
                          q.data(), k.data(), v.data(), seg_off.data(), segs.data(), out.data(),
                          lse.data(), s.heads, s.kv_heads, s.t, s.d, s.scale, q_blocks);
-        cuda_emu::launch(dim3{s.b * s.heads * dq_blocks, 1, 1}, block, Entries<T, DMAX>::dq,
+        cuda_emu::launch(dim3{s.b * s.heads * dq_blocks, 1, 1}, block, E::dq,
                          q.data(), k.data(), v.data(), static_cast<const T*>(out.data()),
                          d_o.data(), static_cast<const float*>(lse.data()), seg_off.data(),
                          segs.data(), dq.data(), delta.data(), s.heads, s.kv_heads, s.t, s.d,
                          s.scale, dq_blocks);
         cuda_emu::launch(dim3{s.b * s.kv_heads * k_blocks, 1, 1}, block,
-                         Entries<T, DMAX>::dkdv, q.data(), k.data(), v.data(), d_o.data(),
+                         E::dkdv, q.data(), k.data(), v.data(), d_o.data(),
                          static_cast<const float*>(lse.data()),
                          static_cast<const float*>(delta.data()), seg_off.data(), segs.data(),
                          dk.data(), dv.data(), s.heads, s.kv_heads, s.t, s.d, s.scale, k_blocks);
@@ -95,11 +117,14 @@ int main(int argc, char** argv) {
     if (s.d == 0 || s.d > 128) cuda_emu::fail("head dim must be in 1..=128");
     const bool small = s.d <= 64;
     if (dtype == 0) {
-        small ? run<float, 64>(s, seg_off, segs, in, argv[2])
-              : run<float, 128>(s, seg_off, segs, in, argv[2]);
+        small ? run<float, 64, false>(s, seg_off, segs, in, argv[2])
+              : run<float, 128, false>(s, seg_off, segs, in, argv[2]);
     } else if (dtype == 1) {
-        small ? run<bf16_bits, 64>(s, seg_off, segs, in, argv[2])
-              : run<bf16_bits, 128>(s, seg_off, segs, in, argv[2]);
+        small ? run<bf16_bits, 64, false>(s, seg_off, segs, in, argv[2])
+              : run<bf16_bits, 128, false>(s, seg_off, segs, in, argv[2]);
+    } else if (dtype == 2) {
+        small ? run<bf16_bits, 64, true>(s, seg_off, segs, in, argv[2])
+              : run<bf16_bits, 128, true>(s, seg_off, segs, in, argv[2]);
     } else {
         cuda_emu::fail("unknown dtype");
     }

@@ -30,6 +30,10 @@ const KERNEL: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/src/model/flash_attn/kernels/flash_attn.cu"
 );
+const MMA_KERNEL: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/src/model/flash_attn/kernels/flash_attn_mma.cu"
+);
 const DRIVER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/flash_attn_emu.cpp");
 
 fn runner(threads: u32) -> PathBuf {
@@ -37,7 +41,10 @@ fn runner(threads: u32) -> PathBuf {
         &format!("flash_attn_{threads}"),
         Path::new(KERNEL),
         Path::new(DRIVER),
-        &[format!("THREADS={threads}")],
+        &[
+            format!("THREADS={threads}"),
+            format!("MMA_SOURCE=\"{MMA_KERNEL}\""),
+        ],
         Path::new(env!("CARGO_TARGET_TMPDIR")),
     )
 }
@@ -103,8 +110,16 @@ struct Outputs {
     dv: Vec<f32>,
 }
 
+/// Which kernels run: `fa_*` with blocks of that many threads, or the tensor-core `fam_*`
+/// (bf16, blocks of 128 threads whatever `THREADS` is).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kernels {
+    Fma(u32),
+    Mma,
+}
+
 fn emulated(
-    threads: u32,
+    kernels: Kernels,
     (q, k, v, g): (&Tensor, &Tensor, &Tensor, &Tensor),
     segments: &Segments,
     scale: f32,
@@ -114,7 +129,12 @@ fn emulated(
     let dtype = q.dtype();
     let (seg_off, segs) = segments.device_arrays();
     let mut input = Vec::new();
-    let code: u32 = if dtype == DType::F32 { 0 } else { 1 };
+    let (code, threads): (u32, u32) = match (kernels, dtype) {
+        (Kernels::Fma(threads), DType::F32) => (0, threads),
+        (Kernels::Fma(threads), _) => (1, threads),
+        (Kernels::Mma, DType::BF16) => (2, 32),
+        (Kernels::Mma, other) => anyhow::bail!("the tensor-core kernels take bf16, not {other:?}"),
+    };
     for x in [
         code,
         b as u32,
@@ -193,7 +213,7 @@ fn to_f32_vec(x: &Tensor) -> Result<Vec<f32>> {
 }
 
 /// Runs `case` through the CPU op and the emulated kernels; asserts agreement within `tol`.
-fn check(case: &Case, dtype: DType, threads: u32, seed: u64) -> Result<()> {
+fn check(case: &Case, dtype: DType, kernels: Kernels, seed: u64) -> Result<()> {
     let b = case.rows.len();
     let segments = Arc::new(Segments::new(case.t, case.rows.clone())?);
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -225,7 +245,7 @@ fn check(case: &Case, dtype: DType, threads: u32, seed: u64) -> Result<()> {
         to_f32_vec(grads.get(x.as_tensor()).context("no gradient")?)
     };
 
-    let got = emulated(threads, (&q, &k, &v, &g), &segments, scale)?;
+    let got = emulated(kernels, (&q, &k, &v, &g), &segments, scale)?;
     let tol = if dtype == DType::F32 { 2e-5 } else { 1e-2 };
     let errs = [
         ("O", rel_err(&got.out, &to_f32_vec(&out_cpu)?, "O")?),
@@ -235,13 +255,13 @@ fn check(case: &Case, dtype: DType, threads: u32, seed: u64) -> Result<()> {
         ("dV", rel_err(&got.dv, &grad(&vv)?, "dV")?),
     ];
     eprintln!(
-        "{} {dtype:?} {threads} threads: relative errors {errs:?}",
+        "{} {dtype:?} {kernels:?}: relative errors {errs:?}",
         case.name
     );
     for (what, err) in errs {
         ensure!(
             err <= tol,
-            "{} ({dtype:?}, {threads} threads): {what} differs from the CPU kernel by {err:e} \
+            "{} ({dtype:?}, {kernels:?}): {what} differs from the CPU kernel by {err:e} \
              (tolerance {tol:e})",
             case.name
         );
@@ -310,7 +330,7 @@ fn cases() -> Vec<Case> {
 #[test]
 fn kernels_match_the_cpu_kernel_f32() -> Result<()> {
     for (i, case) in cases().iter().enumerate() {
-        check(case, DType::F32, 32, 10 + i as u64)?;
+        check(case, DType::F32, Kernels::Fma(32), 10 + i as u64)?;
     }
     Ok(())
 }
@@ -318,7 +338,7 @@ fn kernels_match_the_cpu_kernel_f32() -> Result<()> {
 #[test]
 fn kernels_match_the_cpu_kernel_bf16() -> Result<()> {
     for (i, case) in cases().iter().enumerate() {
-        check(case, DType::BF16, 32, 20 + i as u64)?;
+        check(case, DType::BF16, Kernels::Fma(32), 20 + i as u64)?;
     }
     Ok(())
 }
@@ -327,7 +347,17 @@ fn kernels_match_the_cpu_kernel_bf16() -> Result<()> {
 #[test]
 fn kernels_match_at_the_launch_block_size() -> Result<()> {
     let cases = cases();
-    check(&cases[3], DType::F32, THREADS, 30)?;
-    check(&cases[2], DType::BF16, THREADS, 31)?;
+    check(&cases[3], DType::F32, Kernels::Fma(THREADS), 30)?;
+    check(&cases[2], DType::BF16, Kernels::Fma(THREADS), 31)?;
+    Ok(())
+}
+
+/// The tensor-core kernels (`flash_attn_mma.cu`, bf16): every case, with the mma computed
+/// from the warp's fragments as the PTX ISA lays them out.
+#[test]
+fn tensor_core_kernels_match_the_cpu_kernel() -> Result<()> {
+    for (i, case) in cases().iter().enumerate() {
+        check(case, DType::BF16, Kernels::Mma, 40 + i as u64)?;
+    }
     Ok(())
 }

@@ -6,8 +6,8 @@
 //! skips with a message on stderr.
 #![cfg(feature = "cuda-kernels")]
 
-use cascade_shared::model::flash_attn::cuda::{compile_ptx, nvrtc_available};
-use cascade_shared::model::flash_attn::kernels::{entry_points, THREADS};
+use cascade_shared::model::flash_attn::cuda::{compile_mma_ptx, compile_ptx, nvrtc_available};
+use cascade_shared::model::flash_attn::kernels::{entry_points, mma_entry_points, THREADS};
 use cascade_shared::model::paged;
 
 fn nvrtc_or_skip() -> bool {
@@ -43,6 +43,32 @@ fn flash_attn_kernels_compile_to_ptx() {
         assert!(
             head.contains(&format!(".maxntid {THREADS}, 1, 1")),
             "{entry} has no launch bound of {THREADS} threads:\n{head}"
+        );
+    }
+}
+
+#[test]
+fn tensor_core_kernels_compile_to_ptx() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let ptx = compile_mma_ptx().unwrap_or_else(|log| panic!("flash_attn_mma.cu: {log}"));
+    assert!(ptx.contains(".target sm_80"), "not compiled for compute_80");
+    for entry in mma_entry_points() {
+        let at = ptx
+            .find(&format!(".entry {entry}("))
+            .unwrap_or_else(|| panic!("no entry {entry} in the PTX"));
+        let body = &ptx[at..];
+        let head = &body[..body.find('{').expect("entry body")];
+        assert!(
+            head.contains(&format!(".maxntid {THREADS}, 1, 1")),
+            "{entry} has no launch bound of {THREADS} threads:\n{head}"
+        );
+        // The tile products run on tensor cores.
+        let end = body.find("\n}").unwrap_or(body.len());
+        assert!(
+            body[..end].contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"),
+            "{entry} has no bf16 mma"
         );
     }
 }

@@ -1,4 +1,4 @@
-// A CPU emulation of the CUDA C subset the sampler kernels use, so that
+// A CPU emulation of the CUDA C subset our kernels use (with mma.sync and ldmatrix of bf16), so that
 // actor/src/sampler/kernels/*.cu compile unchanged as C++20 and run on the host: every CUDA
 // thread of a block is an OS thread, __syncthreads() is a block barrier, warp shuffles go through
 // a per-warp exchange buffer between two warp barriers, shared-memory atomics are atomic
@@ -9,6 +9,7 @@
 // barriers when they return from the kernel, as exited GPU threads stop counting at bar.sync.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <barrier>
 #include <cmath>
@@ -32,6 +33,7 @@ struct BlockSync {
     std::unique_ptr<Barrier> block;
     std::vector<std::unique_ptr<Barrier>> warps;
     std::vector<std::uint64_t> lanes;  // one exchange slot per thread
+    std::vector<std::array<unsigned int, 6>> mma;  // per thread: A (4 words), B (2 words)
     std::atomic<int> vote{0};
 };
 
@@ -75,6 +77,7 @@ void launch(dim3 grid, dim3 block, Kernel kernel, Args... args) {
         for (unsigned int w = 0; w < warps; ++w)
             s.warps.push_back(std::make_unique<Barrier>(std::min(32u, threads - 32 * w)));
         s.lanes.assign(threads, 0);
+        s.mma.assign(threads, {});
     }
     Barrier between_blocks(threads);
     std::vector<std::thread> pool;
@@ -136,6 +139,79 @@ T shuffle_from(T v, unsigned int src_lane) {
     s->warps[warp]->arrive_and_wait();
     return r;
 }
+
+namespace cuda_emu {
+inline float bf16_word_to_f32(unsigned int half) {
+    const unsigned int bits = (half & 0xffffu) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 for the calling warp, with the PTX ISA's
+// fragment layouts: lane = 4 g + c holds A (16 x 16) elements (g, 2c..2c+1), (g + 8, 2c..),
+// (g, 2c + 8..), (g + 8, 2c + 8..) in a[0..4], B (16 x 8, k x n) elements (k 2c..2c+1, n g) and
+// (k 2c + 8.., n g) in b0, b1 (two bf16 per word, the lower index in the low half), and C/D
+// elements (g, 2c), (g, 2c + 1), (g + 8, 2c), (g + 8, 2c + 1) in c[0..4]. The products are
+// summed in double and added to c once (the hardware's internal precision is at least f32).
+inline void mma_m16n8k16_bf16(float (&c)[4], const unsigned int (&a)[4], unsigned int b0,
+                              unsigned int b1) {
+    auto* s = sync_of_block;
+    check_full_mask(0xffffffffu);
+    const unsigned int t = threadIdx.x, warp = t / 32, lane = t % 32;
+    s->mma[t] = {a[0], a[1], a[2], a[3], b0, b1};
+    s->warps[warp]->arrive_and_wait();
+    float A[16][16], B[16][8];
+    for (unsigned int l = 0; l < 32; ++l) {
+        const auto& f = s->mma[warp * 32 + l];
+        const unsigned int g = l / 4, cc = l % 4;
+        const unsigned int rows[4] = {g, g + 8, g, g + 8}, cols[4] = {2 * cc, 2 * cc, 2 * cc + 8,
+                                                                       2 * cc + 8};
+        for (int r = 0; r < 4; ++r) {
+            A[rows[r]][cols[r]] = bf16_word_to_f32(f[r]);
+            A[rows[r]][cols[r] + 1] = bf16_word_to_f32(f[r] >> 16);
+        }
+        B[2 * cc][g] = bf16_word_to_f32(f[4]);
+        B[2 * cc + 1][g] = bf16_word_to_f32(f[4] >> 16);
+        B[2 * cc + 8][g] = bf16_word_to_f32(f[5]);
+        B[2 * cc + 9][g] = bf16_word_to_f32(f[5] >> 16);
+    }
+    s->warps[warp]->arrive_and_wait();
+    const unsigned int g = lane / 4, cc = lane % 4;
+    for (unsigned int e = 0; e < 4; ++e) {
+        const unsigned int r = g + (e >= 2 ? 8 : 0), col = 2 * cc + (e & 1);
+        double sum = 0.0;
+        for (int k = 0; k < 16; ++k) sum += double(A[r][k]) * double(B[k][col]);
+        c[e] = static_cast<float>(double(c[e]) + sum);
+    }
+}
+
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 for the calling warp: lane 8 i + j gives the
+// address of row j (8 consecutive 16-bit elements, 16-byte aligned) of matrix i; lane 4 g + c
+// receives in r[i] elements (g, 2c) and (g, 2c + 1) of matrix i, or with `trans` elements
+// (2c, g) and (2c + 1, g), the lower one in the low half.
+inline void ldmatrix_x4(unsigned int (&r)[4], const void* row, bool trans) {
+    auto* s = sync_of_block;
+    check_full_mask(0xffffffffu);
+    const unsigned int t = threadIdx.x, warp = t / 32, lane = t % 32;
+    const auto at = reinterpret_cast<std::uintptr_t>(row);
+    if (at % 16 != 0) fail("ldmatrix row address not 16-byte aligned");
+    s->lanes[t] = at;
+    s->warps[warp]->arrive_and_wait();
+    const unsigned int g = lane / 4, c = lane % 4;
+    for (unsigned int i = 0; i < 4; ++i) {
+        auto elem = [&](unsigned int rj, unsigned int col) {
+            const char* base = reinterpret_cast<const char*>(s->lanes[warp * 32 + 8 * i + rj]);
+            unsigned short h;
+            std::memcpy(&h, base + 2 * col, 2);
+            return static_cast<unsigned int>(h);
+        };
+        r[i] = trans ? elem(2 * c, g) | (elem(2 * c + 1, g) << 16)
+                     : elem(g, 2 * c) | (elem(g, 2 * c + 1) << 16);
+    }
+    s->warps[warp]->arrive_and_wait();
+}
+}  // namespace cuda_emu
 
 template <class T>
 T __shfl_xor_sync(unsigned int mask, T v, int lane_mask) {

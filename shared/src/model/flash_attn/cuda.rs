@@ -6,6 +6,7 @@
 //! With `cuda-kernels` alone, cudarc loads `libnvrtc` lazily and *panics* when it is missing, so
 //! [`ptx`] checks [`nvrtc_available`] first and returns an error instead.
 
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{
@@ -13,7 +14,10 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions};
 
-use super::kernels::{Kernel, Tiles, FLASH_ATTN_CU, NVRTC_OPTIONS, THREADS};
+use super::kernels::{
+    mma_source, Kernel, KernelDtype, Tiles, FLASH_ATTN_CU, MMA_MIN_MAJOR, MMA_NVRTC_OPTIONS,
+    NVRTC_OPTIONS, THREADS,
+};
 
 /// Whether NVRTC (`libnvrtc.so.13`) can be loaded.
 #[cfg(not(feature = "cuda"))]
@@ -66,6 +70,50 @@ pub fn ptx() -> candle_core::Result<&'static str> {
     }
 }
 
+/// Compiles the tensor-core kernels (`flash_attn.cu` then `flash_attn_mma.cu`, for
+/// `compute_80`) to PTX text; the error is NVRTC's log.
+pub fn compile_mma_ptx() -> Result<String, String> {
+    compile_source(&mma_source(), "flash_attn_mma.cu", MMA_NVRTC_OPTIONS)
+}
+
+/// The PTX of the tensor-core kernels, compiled on first use and kept for the process.
+pub fn mma_ptx() -> candle_core::Result<&'static str> {
+    static PTX: OnceLock<Result<String, String>> = OnceLock::new();
+    match PTX.get_or_init(compile_mma_ptx) {
+        Ok(ptx) => Ok(ptx),
+        Err(log) => candle_core::bail!("flash-attn: flash_attn_mma.cu does not compile: {log}"),
+    }
+}
+
+/// 0: not decided yet (read `CASCADE_FLASH_ATTN_TENSOR_CORES`), 1: on, 2: off.
+static TENSOR_CORES: AtomicU8 = AtomicU8::new(0);
+
+/// Turns the tensor-core kernels on or off for this process (on by default; the environment
+/// variable `CASCADE_FLASH_ATTN_TENSOR_CORES=0` turns them off at start). Off, bf16 runs on
+/// the FMA kernels of `flash_attn.cu`, as on GPUs older than compute capability 8.0.
+pub fn set_tensor_cores(on: bool) {
+    TENSOR_CORES.store(if on { 1 } else { 2 }, Ordering::Relaxed);
+}
+
+/// Whether the tensor-core kernels may be used (see [`set_tensor_cores`]).
+pub fn tensor_cores_enabled() -> bool {
+    match TENSOR_CORES.load(Ordering::Relaxed) {
+        1 => true,
+        2 => false,
+        _ => {
+            let on = std::env::var("CASCADE_FLASH_ATTN_TENSOR_CORES").map_or(true, |v| v != "0");
+            set_tensor_cores(on);
+            on
+        }
+    }
+}
+
+/// Whether a call of `dtype` on a device of compute capability `major` runs on the
+/// tensor-core kernels: bf16, compute capability 8.0 or newer, and [`tensor_cores_enabled`].
+pub fn uses_tensor_cores(dtype: KernelDtype, major: i32) -> bool {
+    dtype == KernelDtype::Bf16 && major >= MMA_MIN_MAJOR && tensor_cores_enabled()
+}
+
 /// The shape and scale of one call: q/o/dO `(b, heads, t, d)`, k/v `(b, kv_heads, t, d)`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CallDims {
@@ -84,9 +132,21 @@ pub struct CallDims {
 }
 
 impl CallDims {
-    /// The tile variant for this head dimension; an error above the kernels' bound.
+    /// The tile variant of the FMA kernels for this head dimension; an error above the
+    /// kernels' bound.
     pub fn tiles(&self) -> candle_core::Result<Tiles> {
-        match Tiles::for_head_dim(self.d) {
+        self.tiles_of(false)
+    }
+
+    /// The tile variant for this head dimension, of the tensor-core kernels when
+    /// `tensor_cores`; an error above the kernels' bound.
+    pub fn tiles_of(&self, tensor_cores: bool) -> candle_core::Result<Tiles> {
+        let tiles = if tensor_cores {
+            Tiles::tensor_cores_for_head_dim(self.d)
+        } else {
+            Tiles::for_head_dim(self.d)
+        };
+        match tiles {
             Some(t) => Ok(t),
             None => candle_core::bail!(
                 "flash-attn: head dim {} is not supported by the CUDA kernels (1..={})",
@@ -144,6 +204,18 @@ fn check_len(what: &str, got: usize, want: usize) -> candle_core::Result<()> {
     Ok(())
 }
 
+/// `tiles` must be a variant for `dims.d`.
+fn check_tiles(dims: &CallDims, tiles: Tiles) -> candle_core::Result<()> {
+    let want = dims.tiles_of(tiles.tensor_cores)?;
+    if want != tiles {
+        candle_core::bail!(
+            "flash-attn: tiles {tiles:?} do not serve head dim {} ({want:?} do)",
+            dims.d
+        );
+    }
+    Ok(())
+}
+
 fn config(blocks: usize) -> candle_core::Result<LaunchConfig> {
     let blocks = u32::try_from(blocks)
         .ok()
@@ -161,18 +233,19 @@ fn wrap(e: cudarc::driver::DriverError) -> candle_core::Error {
 }
 
 /// Enqueues the forward: `out` (like q) and `lse` (`b * heads * t` f32) are written in full.
-/// `func` is the [`Kernel::Forward`] entry of the element type `T` and of `dims.tiles()`.
+/// `func` is the [`Kernel::Forward`] entry of the element type `T` and of `tiles` (from
+/// [`CallDims::tiles_of`]).
 #[allow(clippy::too_many_arguments)]
 pub fn launch_forward<T: DeviceRepr>(
     stream: &Arc<CudaStream>,
-    func: &CudaFunction,
+    (func, tiles): (&CudaFunction, Tiles),
     dims: &CallDims,
     (q, k, v): (&CudaView<'_, T>, &CudaView<'_, T>, &CudaView<'_, T>),
     segments: &DeviceSegments<'_>,
     out: &mut CudaViewMut<'_, T>,
     lse: &mut CudaViewMut<'_, f32>,
 ) -> candle_core::Result<()> {
-    let tiles = dims.tiles()?;
+    check_tiles(dims, tiles)?;
     let [heads, kv_heads, t, d] = dims.args()?;
     check_len("q", q.len(), dims.q_len())?;
     check_len("k", k.len(), dims.kv_len())?;
@@ -217,11 +290,11 @@ pub type QueryInputs<'a, 'b, T> = (
 
 /// Enqueues the backward: `dq` (like q), `dk`, `dv` (like k) are written in full; `delta`
 /// (`b * heads * t` f32) is scratch. `dq_func` and `dkdv_func` are the [`Kernel::Dq`] and
-/// [`Kernel::DkDv`] entries of `T` and `dims.tiles()`; `lse` is the forward's.
+/// [`Kernel::DkDv`] entries of `T` and `tiles`; `lse` is the forward's.
 #[allow(clippy::too_many_arguments)]
 pub fn launch_backward<T: DeviceRepr>(
     stream: &Arc<CudaStream>,
-    (dq_func, dkdv_func): (&CudaFunction, &CudaFunction),
+    (dq_func, dkdv_func, tiles): (&CudaFunction, &CudaFunction, Tiles),
     dims: &CallDims,
     (q, o, d_o): QueryInputs<'_, '_, T>,
     (k, v): (&CudaView<'_, T>, &CudaView<'_, T>),
@@ -234,7 +307,7 @@ pub fn launch_backward<T: DeviceRepr>(
     ),
     delta: &mut CudaViewMut<'_, f32>,
 ) -> candle_core::Result<()> {
-    let tiles = dims.tiles()?;
+    check_tiles(dims, tiles)?;
     let [heads, kv_heads, t, d] = dims.args()?;
     for (what, len) in [
         ("q", q.len()),

@@ -15,8 +15,10 @@
 //! without repeating k/v.
 //!
 //! Kernels: the CPU ([`cpu`]: f32, bf16, f16) and, with the `cuda` feature, CUDA
-//! ([`kernels`] holds the source, [`cuda`] launches it; f32 and bf16, head dim up to 128). On
-//! other devices or dtypes [`flash_attn`] is an error and the model keeps its unfused attention.
+//! ([`kernels`] holds the sources, [`cuda`] launches them; f32 and bf16, head dim up to 128):
+//! bf16 on tensor cores (`mma.sync`) on GPUs of compute capability 8.0 or newer, FMA loops
+//! otherwise and for f32. On other devices or dtypes [`flash_attn`] is an error and the model
+//! keeps its unfused attention.
 
 mod cpu;
 #[cfg(feature = "cuda-kernels")]

@@ -350,12 +350,31 @@ mod on_cuda {
     use cudarc::driver::{CudaSlice, CudaView, DeviceRepr, ValidAsZeroBits};
 
     use super::super::cuda::{self as kernels, CallDims, DeviceSegments};
-    use super::super::kernels::{Kernel, KernelDtype};
+    use super::super::kernels::{Kernel, KernelDtype, Tiles};
     use super::super::Segments;
     use super::{dims_of, FlashAttn, FlashAttnBwd, SavedLse};
 
-    /// candle's cache key for the loaded `flash_attn.cu` module.
+    /// candle's cache keys for the loaded `flash_attn.cu` module and the tensor-core one.
     const MODULE: &str = "cascade_flash_attn";
+    const MMA_MODULE: &str = "cascade_flash_attn_mma";
+
+    /// The kernel variant of a call of `dtype` on `device`, and the module and PTX holding it.
+    fn variant(
+        device: &CudaDevice,
+        dims: &CallDims,
+        dtype: KernelDtype,
+    ) -> candle_core::Result<(Tiles, &'static str, &'static str)> {
+        let (major, _) = device
+            .cuda_stream()
+            .context()
+            .compute_capability()
+            .map_err(candle_core::Error::wrap)?;
+        if kernels::uses_tensor_cores(dtype, major) {
+            Ok((dims.tiles_of(true)?, MMA_MODULE, kernels::mma_ptx()?))
+        } else {
+            Ok((dims.tiles()?, MODULE, kernels::ptx()?))
+        }
+    }
 
     /// The elements of a contiguous tensor's device buffer.
     fn view<'a, T>(
@@ -403,11 +422,11 @@ mod on_cuda {
             dtype: KernelDtype,
         ) -> candle_core::Result<(CudaStorage, Shape)> {
             let dims = call_dims(&self.segments, self.scale, (lq, lk, lv))?;
-            let tiles = dims.tiles()?;
+            let (tiles, module, ptx) = variant(device, &dims, dtype)?;
             let func = device.get_or_load_custom_func(
                 &tiles.entry(Kernel::Forward, dtype),
-                MODULE,
-                kernels::ptx()?,
+                module,
+                ptx,
             )?;
             let (seg_off, segs) = upload(device, &self.segments)?;
             let segments = DeviceSegments {
@@ -418,7 +437,7 @@ mod on_cuda {
             let mut lse = device.alloc_zeros::<f32>(dims.b * dims.heads * dims.t)?;
             kernels::launch_forward(
                 &device.cuda_stream(),
-                &func,
+                (&func, tiles),
                 &dims,
                 (&view(q, lq, "q")?, &view(k, lk, "k")?, &view(v, lv, "v")?),
                 &segments,
@@ -453,18 +472,17 @@ mod on_cuda {
             }
             let lq = Layout::contiguous(&dims5[1..]);
             let dims = call_dims(&self.segments, self.scale, (&lq, lk, lv))?;
-            let tiles = dims.tiles()?;
+            let (tiles, module, ptx) = variant(device, &dims, dtype)?;
             let lse = match self.lse.get() {
                 Some(SavedLse::Cuda { lse, .. }) => lse,
                 _ => {
                     candle_core::bail!("flash-attn backward: no CUDA log-sum-exp from the forward")
                 }
             };
-            let ptx = kernels::ptx()?;
             let dq_func =
-                device.get_or_load_custom_func(&tiles.entry(Kernel::Dq, dtype), MODULE, ptx)?;
+                device.get_or_load_custom_func(&tiles.entry(Kernel::Dq, dtype), module, ptx)?;
             let dkdv_func =
-                device.get_or_load_custom_func(&tiles.entry(Kernel::DkDv, dtype), MODULE, ptx)?;
+                device.get_or_load_custom_func(&tiles.entry(Kernel::DkDv, dtype), module, ptx)?;
             let (seg_off, segs) = upload(device, &self.segments)?;
             let segments = DeviceSegments {
                 seg_off: seg_off.as_view(),
@@ -486,7 +504,7 @@ mod on_cuda {
                 let (mut dk, mut dv) = rest.split_at_mut(nk);
                 kernels::launch_backward(
                     &device.cuda_stream(),
-                    (&dq_func, &dkdv_func),
+                    (&dq_func, &dkdv_func, tiles),
                     &dims,
                     (&q, &o, &d_o),
                     (&k, &v),
