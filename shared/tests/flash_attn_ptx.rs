@@ -54,7 +54,9 @@ fn tensor_core_kernels_compile_to_ptx() {
     }
     let ptx = compile_mma_ptx().unwrap_or_else(|log| panic!("flash_attn_mma.cu: {log}"));
     assert!(ptx.contains(".target sm_80"), "not compiled for compute_80");
-    for entry in mma_entry_points() {
+    // The fused attention's, and the paged prefill kernel's (launched from the same module).
+    let paged = [64, 128].map(|d| paged::kernels::chunk_entry(d).unwrap().to_string());
+    for entry in mma_entry_points().into_iter().chain(paged) {
         let at = ptx
             .find(&format!(".entry {entry}("))
             .unwrap_or_else(|| panic!("no entry {entry} in the PTX"));

@@ -8,8 +8,10 @@
 //! 1e-5). The ignored `gpu_paged_attn_benchmark` times one decode step's attention (Qwen3-8B
 //! heads: 32 query heads, 8 kv heads, head dim 128, bf16) against the memory bound of reading K
 //! and V once, with the splits the launcher picks per shape, and a chunk of a long prefill
-//! (every query a row of one sequence's table) against the H200's bf16 rate, and writes the
-//! tables to `$PAGED_ATTN_BENCH_OUT` (or stdout).
+//! (every query a row of one sequence's table) against the H200's bf16 rate, on the tensor-core
+//! prefill kernel and on the decode kernel, and writes the tables to `$PAGED_ATTN_BENCH_OUT` (or
+//! stdout). `gpu_prefill_chunks_match_cpu_op` checks prefill-shaped bf16 tables (which take the
+//! tensor-core prefill kernel on compute capability 8.0+) against the CPU op, on both kernels.
 #![cfg(feature = "cuda")]
 
 use std::sync::Arc;
@@ -132,6 +134,66 @@ fn gpu_matches_cpu_op() -> Result<()> {
                 first == gpu_out && second == gpu_out,
                 "{name} {dtype:?}: a reused op instance gives other values"
             );
+        }
+    }
+    Ok(())
+}
+
+/// Prefill-shaped tables (queries of one sequence sharing its block list, in runs of up to 64
+/// rows), bf16: the tensor-core prefill kernel and the decode kernel against the CPU op.
+#[test]
+fn gpu_prefill_chunks_match_cpu_op() -> Result<()> {
+    use cascade_shared::model::flash_attn::cuda::set_tensor_cores;
+    let dev = gpu();
+    // (name, heads, kv heads, d, (sequence length, first query position) per sequence)
+    type Seqs = Vec<(usize, usize)>;
+    let cases: Vec<(&str, usize, usize, usize, Seqs)> = vec![
+        (
+            "16/8 d=128, 3 sequences",
+            16,
+            8,
+            128,
+            vec![(1000, 700), (40, 0), (17, 16)],
+        ),
+        ("4/1 d=64, a whole prompt", 4, 1, 64, vec![(513, 0)]),
+        ("6/2 d=40, a late chunk", 6, 2, 40, vec![(3000, 2900)]),
+    ];
+    let mut rng = ChaCha8Rng::seed_from_u64(6);
+    for (name, h, kvh, d, seqs) in cases {
+        let lens: Vec<usize> = seqs.iter().map(|s| s.0).collect();
+        let (by_seq, pool_blocks) = scattered_table(&mut rng, &lens, 5)?;
+        let w = by_seq.width();
+        let lists: Vec<Vec<u32>> = (0..seqs.len())
+            .map(|i| by_seq.blocks()[i * w..(i + 1) * w].to_vec())
+            .collect();
+        let mut spec: Vec<(&[u32], usize)> = Vec::new();
+        for (list, &(len, first)) in lists.iter().zip(&seqs) {
+            spec.extend((first + 1..=len).map(|l| (list.as_slice(), l)));
+        }
+        let table = Arc::new(PageTable::new(&spec).map_err(anyhow::Error::msg)?);
+        let pool_rows = pool_blocks * BLOCK_TOKENS;
+        let bf = |x: Tensor| x.to_dtype(DType::BF16);
+        let q = bf(randn(&mut rng, &[table.rows(), h, d])?)?;
+        let k = bf(randn(&mut rng, &[pool_rows, kvh, d])?)?;
+        let v = bf(randn(&mut rng, &[pool_rows, kvh, d])?)?;
+        let scale = 1.0 / (d as f32).sqrt();
+        let cpu = host(&paged_attention(&q, &k, &v, &table, scale)?)?;
+        let (qg, kg, vg) = (q.to_device(&dev)?, k.to_device(&dev)?, v.to_device(&dev)?);
+        for tensor_cores in [true, false] {
+            set_tensor_cores(tensor_cores);
+            let got = paged_attention(&qg, &kg, &vg, &table, scale);
+            set_tensor_cores(true);
+            let err = rel_err(&host(&got?)?, &cpu)?;
+            let kernel = if tensor_cores {
+                "prefill (tensor cores)"
+            } else {
+                "decode"
+            };
+            eprintln!(
+                "{name} {kernel}: {} rows, relative error {err:e}",
+                table.rows()
+            );
+            ensure!(err <= 1e-2, "{name} {kernel}: off by {err:e}");
         }
     }
     Ok(())
@@ -288,8 +350,8 @@ fn gpu_paged_attn_benchmark() -> Result<()> {
     const H200_BF16_FLOPS: f64 = 989e12;
     table_md.push_str(
         "\n## A prefill chunk through the paged attention (one row per query, one sequence)\n\n\
-         | queries | context before | us | TFLOP/s | of 989 (H200 bf16 dense) |\n\
-         |---|---|---|---|---|\n",
+         | queries | context before | kernel | us | TFLOP/s | of 989 (H200 bf16 dense) |\n\
+         |---|---|---|---|---|---|\n",
     );
     for (queries, before) in [(2048usize, 14336usize), (8192, 32768)] {
         let total = before + queries;
@@ -309,24 +371,33 @@ fn gpu_paged_attn_benchmark() -> Result<()> {
             mk(&[pool_rows, kvh, d])?,
         );
         let op = PagedAttention::new(table, 1.0 / (d as f32).sqrt());
-        q.apply_op3_no_bwd(&k, &v, &op)?;
-        dev.synchronize()?;
-        let reps = 5;
-        let t0 = Instant::now();
-        for _ in 0..reps {
+        for tensor_cores in [true, false] {
+            cascade_shared::model::flash_attn::cuda::set_tensor_cores(tensor_cores);
             q.apply_op3_no_bwd(&k, &v, &op)?;
+            dev.synchronize()?;
+            let reps = 5;
+            let t0 = Instant::now();
+            for _ in 0..reps {
+                q.apply_op3_no_bwd(&k, &v, &op)?;
+            }
+            dev.synchronize()?;
+            let secs = t0.elapsed().as_secs_f64() / reps as f64;
+            // QKᵀ and PV: 4 flops per (query, key, head, dim).
+            let pairs = (queries * before + queries * (queries + 1) / 2) as f64;
+            let flops = pairs * (h * d * 4) as f64;
+            let kernel = if tensor_cores {
+                "prefill (tensor cores)"
+            } else {
+                "decode"
+            };
+            table_md.push_str(&format!(
+                "| {queries} | {before} | {kernel} | {:.0} | {:.1} | {:.1}% |\n",
+                secs * 1e6,
+                flops / secs / 1e12,
+                100.0 * flops / secs / H200_BF16_FLOPS
+            ));
         }
-        dev.synchronize()?;
-        let secs = t0.elapsed().as_secs_f64() / reps as f64;
-        // QKᵀ and PV: 4 flops per (query, key, head, dim).
-        let pairs = (queries * before + queries * (queries + 1) / 2) as f64;
-        let flops = pairs * (h * d * 4) as f64;
-        table_md.push_str(&format!(
-            "| {queries} | {before} | {:.0} | {:.1} | {:.1}% |\n",
-            secs * 1e6,
-            flops / secs / 1e12,
-            100.0 * flops / secs / H200_BF16_FLOPS
-        ));
+        cascade_shared::model::flash_attn::cuda::set_tensor_cores(true);
     }
     match std::env::var("PAGED_ATTN_BENCH_OUT") {
         Ok(path) => std::fs::write(&path, &table_md)?,

@@ -390,3 +390,140 @@ fn split_kernel_matches_with_several_warps() -> Result<()> {
     check_splits(&short, DType::BF16, 64, 74, &[80])?;
     Ok(())
 }
+
+// ------------------------------------------------------------------------------------------
+// The tensor-core prefill kernel (`fam_paged_bf16_d*` of `flash_attn_mma.cu`), which the CUDA
+// op runs for prefill-shaped bf16 tables (runs of queries of one sequence with one block list).
+
+const MMA_KERNEL: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/src/model/flash_attn/kernels/flash_attn_mma.cu"
+);
+const FLASH_KERNEL: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/src/model/flash_attn/kernels/flash_attn.cu"
+);
+const CHUNK_DRIVER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/paged_chunk_emu.cpp");
+
+/// A prefill-shaped table: for each `(sequence length, first position)`, the queries at
+/// positions `first..len` of a sequence whose blocks are scattered over the pool (row lengths
+/// `first + 1 ..= len`, one block list per sequence). Returns it and the pool's block count.
+fn chunk_table(rng: &mut ChaCha8Rng, seqs: &[(usize, usize)]) -> Result<(PageTable, usize)> {
+    let needed: usize = seqs.iter().map(|(l, _)| l.div_ceil(BLOCK_TOKENS)).sum();
+    let pool_blocks = needed + 3;
+    let mut ids: Vec<u32> = (0..pool_blocks as u32).collect();
+    ids.shuffle(rng);
+    let mut lists = Vec::new();
+    let mut at = 0;
+    for &(len, _) in seqs {
+        let n = len.div_ceil(BLOCK_TOKENS);
+        lists.push(ids[at..at + n].to_vec());
+        at += n;
+    }
+    let mut spec: Vec<(&[u32], usize)> = Vec::new();
+    for (list, &(len, first)) in lists.iter().zip(seqs) {
+        spec.extend((first + 1..=len).map(|l| (list.as_slice(), l)));
+    }
+    Ok((
+        PageTable::new(&spec).map_err(anyhow::Error::msg)?,
+        pool_blocks,
+    ))
+}
+
+/// The emulated prefill kernel's output (as f32) for bf16 inputs, over `table.runs(64)`.
+fn emulated_chunk(
+    (q, k, v): (&Tensor, &Tensor, &Tensor),
+    table: &PageTable,
+    scale: f32,
+) -> Result<Vec<f32>> {
+    let (rows, heads, d) = q.dims3()?;
+    let (pool_rows, kv_heads, _) = k.dims3()?;
+    let runs = table.runs(64);
+    let mut input = Vec::new();
+    for x in [rows, heads, kv_heads, d, pool_rows, table.width()] {
+        input.extend((x as u32).to_le_bytes());
+    }
+    input.extend(scale.to_le_bytes());
+    input.extend((runs.len() as u32).to_le_bytes());
+    for (first, n) in &runs {
+        input.extend((*first as u32).to_le_bytes());
+        input.extend((*n as u32).to_le_bytes());
+    }
+    input.extend(
+        table
+            .blocks()
+            .iter()
+            .chain(table.lens())
+            .flat_map(|x| x.to_le_bytes()),
+    );
+    for x in [q, k, v] {
+        input.extend(bytes(x)?);
+    }
+    let runner = cuda_emu::emulated_binary(
+        "paged_chunk",
+        Path::new(FLASH_KERNEL),
+        Path::new(CHUNK_DRIVER),
+        &[format!("MMA_SOURCE=\"{MMA_KERNEL}\"")],
+        Path::new(env!("CARGO_TARGET_TMPDIR")),
+    );
+    let dir = tempfile::tempdir()?;
+    let (inp, outp) = (dir.path().join("in"), dir.path().join("out"));
+    std::fs::write(&inp, &input)?;
+    let run = Command::new(runner)
+        .arg(&inp)
+        .arg(&outp)
+        .output()
+        .context("running the emulated kernel")?;
+    ensure!(
+        run.status.success(),
+        "emulated kernel failed: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let buf = std::fs::read(&outp)?;
+    ensure!(
+        buf.len() == q.elem_count() * 2,
+        "output has {} bytes",
+        buf.len()
+    );
+    Ok(decode(&buf, DType::BF16))
+}
+
+/// Chunks of 100 queries late in a 300-token sequence (runs of 64 and 36 rows), a whole
+/// 40-token prompt (rows shorter than a cache block), and one decode-like row; a full 129-token
+/// prefill with d 64 and 4/1 heads; d 40 (element-wise loads) with 6/2 heads. bf16 against the
+/// CPU kernel on the same bf16 inputs, to 1e-2.
+#[test]
+fn tensor_core_prefill_kernel_matches_the_cpu_kernel() -> Result<()> {
+    let cases: [(&str, (usize, usize, usize), Vec<(usize, usize)>); 3] = [
+        (
+            "gqa 16/8 d=128, chunks of 3 sequences",
+            (16, 8, 128),
+            vec![(300, 200), (40, 0), (17, 16)],
+        ),
+        ("gqa 4/1 d=64, one whole prompt", (4, 1, 64), vec![(129, 0)]),
+        ("gqa 6/2 d=40, a late chunk", (6, 2, 40), vec![(77, 50)]),
+    ];
+    let mut rng = ChaCha8Rng::seed_from_u64(80);
+    for (name, (heads, kv_heads, d), seqs) in cases {
+        let (table, pool_blocks) = chunk_table(&mut rng, &seqs)?;
+        let pool_rows = pool_blocks * BLOCK_TOKENS;
+        let cast = |t: Tensor| t.to_dtype(DType::BF16);
+        let q = cast(randn(&mut rng, &[table.rows(), heads, d])?)?;
+        let k = cast(randn(&mut rng, &[pool_rows, kv_heads, d])?)?;
+        let v = cast(randn(&mut rng, &[pool_rows, kv_heads, d])?)?;
+        let scale = 1.0 / (d as f32).sqrt();
+        let table = Arc::new(table);
+        let cpu = paged_attention(&q, &k, &v, &table, scale)?
+            .to_dtype(DType::F32)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        let got = emulated_chunk((&q, &k, &v), &table, scale)?;
+        let err = rel_err(&got, &cpu)?;
+        eprintln!(
+            "{name}: {} runs, relative error {err:e}",
+            table.runs(64).len()
+        );
+        ensure!(err <= 1e-2, "{name}: the prefill kernel is off by {err:e}");
+    }
+    Ok(())
+}

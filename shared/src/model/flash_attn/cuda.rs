@@ -85,6 +85,10 @@ pub fn mma_ptx() -> candle_core::Result<&'static str> {
     }
 }
 
+/// candle's cache key for the loaded tensor-core module ([`mma_ptx`]); the paged prefill
+/// kernel lives there too.
+pub const MMA_MODULE: &str = "cascade_flash_attn_mma";
+
 /// 0: not decided yet (read `CASCADE_FLASH_ATTN_TENSOR_CORES`), 1: on, 2: off.
 static TENSOR_CORES: AtomicU8 = AtomicU8::new(0);
 

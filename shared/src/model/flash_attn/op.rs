@@ -356,7 +356,7 @@ mod on_cuda {
 
     /// candle's cache keys for the loaded `flash_attn.cu` module and the tensor-core one.
     const MODULE: &str = "cascade_flash_attn";
-    const MMA_MODULE: &str = "cascade_flash_attn_mma";
+    const MMA_MODULE: &str = kernels::MMA_MODULE;
 
     /// The kernel variant of a call of `dtype` on `device`, and the module and PTX holding it.
     fn variant(

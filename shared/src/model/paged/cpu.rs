@@ -73,18 +73,9 @@ pub(crate) fn decode<T: Elem>(
 }
 
 /// `(first row, rows)` of each run of at most [`TILE_ROWS`] consecutive rows with the same
-/// blocks.
+/// blocks ([`PageTable::runs`]).
 pub(super) fn tiles(table: &PageTable) -> Vec<(usize, usize)> {
-    let w = table.width();
-    let blocks = |r: usize| &table.blocks()[r * w..(r + 1) * w];
-    let mut out: Vec<(usize, usize)> = Vec::new();
-    for r in 0..table.rows() {
-        match out.last_mut() {
-            Some((first, n)) if *n < TILE_ROWS && blocks(*first) == blocks(r) => *n += 1,
-            _ => out.push((r, 1)),
-        }
-    }
-    out
+    table.runs(TILE_ROWS)
 }
 
 /// The inputs of one call.

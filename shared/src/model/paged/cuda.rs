@@ -44,6 +44,9 @@ pub fn ptx() -> candle_core::Result<&'static str> {
 pub struct DeviceTable {
     blocks: CudaSlice<u32>,
     lens: CudaSlice<u32>,
+    /// For a prefill-shaped table ([`kernels::chunk_shaped`]): its runs of at most
+    /// [`kernels::CHUNK_ROWS`] rows as `(first row, rows)` pairs, and their count.
+    runs: Option<(CudaSlice<u32>, usize)>,
     rows: usize,
     width: usize,
     rows_needed: usize,
@@ -58,10 +61,29 @@ impl DeviceTable {
         (nonempty(table.blocks()), nonempty(table.lens()))
     }
 
-    fn from_slices(table: &PageTable, blocks: CudaSlice<u32>, lens: CudaSlice<u32>) -> Self {
+    /// The `(first row, rows)` pairs of a prefill-shaped table, else `None`.
+    fn host_runs(table: &PageTable) -> Option<Vec<u32>> {
+        let runs = table.runs(kernels::CHUNK_ROWS);
+        kernels::chunk_shaped(table.rows(), runs.len()).then(|| {
+            runs.iter()
+                .flat_map(|&(first, n)| [first as u32, n as u32])
+                .collect()
+        })
+    }
+
+    fn from_slices(
+        table: &PageTable,
+        blocks: CudaSlice<u32>,
+        lens: CudaSlice<u32>,
+        runs: Option<CudaSlice<u32>>,
+    ) -> Self {
         DeviceTable {
             blocks,
             lens,
+            runs: runs.map(|r| {
+                let n = r.len() / 2;
+                (r, n)
+            }),
             rows: table.rows(),
             width: table.width(),
             rows_needed: table.rows_needed(),
@@ -74,7 +96,11 @@ impl DeviceTable {
         let (blocks, lens) = Self::host_arrays(table);
         let blocks = stream.clone_htod(&blocks).map_err(wrap)?;
         let lens = stream.clone_htod(&lens).map_err(wrap)?;
-        Ok(Self::from_slices(table, blocks, lens))
+        let runs = match Self::host_runs(table) {
+            Some(r) => Some(stream.clone_htod(&r).map_err(wrap)?),
+            None => None,
+        };
+        Ok(Self::from_slices(table, blocks, lens, runs))
     }
 
     /// Copies `table` to `device` (on candle's stream).
@@ -86,7 +112,11 @@ impl DeviceTable {
         let (blocks, lens) = Self::host_arrays(table);
         let blocks = device.clone_htod(&blocks)?;
         let lens = device.clone_htod(&lens)?;
-        Ok(Self::from_slices(table, blocks, lens))
+        let runs = match Self::host_runs(table) {
+            Some(r) => Some(device.clone_htod(&r)?),
+            None => None,
+        };
+        Ok(Self::from_slices(table, blocks, lens, runs))
     }
 
     /// Decode rows of the table.
@@ -103,6 +133,67 @@ impl DeviceTable {
     pub fn max_len(&self) -> usize {
         self.max_len
     }
+
+    /// Whether the table is prefill-shaped (runs of rows with the same blocks, see
+    /// [`kernels::chunk_shaped`]): then [`launch_chunk`] serves it.
+    pub fn chunk_shaped(&self) -> bool {
+        self.runs.is_some()
+    }
+}
+
+/// Enqueues the tensor-core prefill kernel (`fam_paged_bf16_d*` of the fused attention's
+/// tensor-core module, `func`) for a prefill-shaped `table`: `out` (like q, bf16) is written in
+/// full.
+pub fn launch_chunk<T: DeviceRepr>(
+    stream: &Arc<CudaStream>,
+    func: &CudaFunction,
+    dims: &CallDims,
+    (q, k, v): (&CudaView<'_, T>, &CudaView<'_, T>, &CudaView<'_, T>),
+    table: &DeviceTable,
+    out: &mut CudaViewMut<'_, T>,
+) -> candle_core::Result<()> {
+    let Some((runs, n_runs)) = &table.runs else {
+        candle_core::bail!("paged attention: the table is not prefill-shaped");
+    };
+    check_call(dims, (q.len(), k.len(), v.len(), out.len()), table)?;
+    if dims.rows == 0 {
+        return Ok(());
+    }
+    let (heads, kv_heads, d, width) = (
+        fit(dims.heads, "heads")?,
+        fit(dims.kv_heads, "kv heads")?,
+        fit(dims.d, "head dim")?,
+        fit(table.width, "table width")?,
+    );
+    let cfg = LaunchConfig {
+        grid_dim: (grid_of(n_runs * dims.heads)?, 1, 1),
+        block_dim: (crate::model::flash_attn::kernels::THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut launch = stream.launch_builder(func);
+    launch
+        .arg(q)
+        .arg(k)
+        .arg(v)
+        .arg(&table.blocks)
+        .arg(&table.lens)
+        .arg(runs)
+        .arg(out)
+        .arg(&heads)
+        .arg(&kv_heads)
+        .arg(&d)
+        .arg(&width)
+        .arg(&dims.scale);
+    // SAFETY: the arguments match `fam_paged_bf16_d*(const bf16* q, const bf16* k_pool, const
+    // bf16* v_pool, const unsigned* blocks, const unsigned* lens, const unsigned* tiles, bf16*
+    // out, unsigned heads, unsigned kv_heads, unsigned d, unsigned width, float scale)` (T is
+    // bf16: the caller loads this entry for bf16 only). Sizes are checked above; `runs` holds
+    // n_runs (first row, rows <= 64) pairs of consecutive rows with identical block lists,
+    // covering the table's rows, computed from the validated host table, so each block reads
+    // pool rows its rows' lengths cover (below `rows_needed <= pool_rows`) and writes only its
+    // own rows of `out` for its query head. Grid n_runs * heads.
+    unsafe { launch.launch(cfg) }.map_err(wrap)?;
+    Ok(())
 }
 
 /// The shape and scale of one call: q/out `(rows, heads, d)`, the pools
@@ -208,21 +299,13 @@ pub struct Funcs<'a> {
     pub combine: &'a CudaFunction,
 }
 
-/// Enqueues the paged decode attention: `out` (like `q`) is written in full. `funcs` are those
-/// of the dtype of `T` and `dims.d`; `table` was uploaded from the host table the shapes came
-/// from. `splits`: `None` picks them with [`split_plan`] (the device's SM count, the table's
-/// longest row), `Some(n)` forces `n` splits ([`SplitPlan::forced`]; for tests). Returns the
-/// split used; with more than one split the f32 workspace of pass 1 is allocated on `stream`
-/// for the call (freed in stream order).
-pub fn launch<T: DeviceRepr>(
-    stream: &Arc<CudaStream>,
-    funcs: Funcs<'_>,
+/// The checks both launchers make before reading anything: shapes, the table against the
+/// pools, buffer lengths (`q`, `k`, `v`, `out` elements).
+fn check_call(
     dims: &CallDims,
-    (q, k, v): (&CudaView<'_, T>, &CudaView<'_, T>, &CudaView<'_, T>),
+    (q, k, v, out): (usize, usize, usize, usize),
     table: &DeviceTable,
-    out: &mut CudaViewMut<'_, T>,
-    splits: Option<usize>,
-) -> candle_core::Result<SplitPlan> {
+) -> candle_core::Result<()> {
     if dims.d == 0 || dims.d > kernels::MAX_HEAD_DIM {
         candle_core::bail!(
             "paged attention: head dim {} is not supported by the CUDA kernel (1..={})",
@@ -251,19 +334,48 @@ pub fn launch<T: DeviceRepr>(
             dims.pool_rows
         );
     }
-    check_len("q", q.len(), dims.q_len())?;
-    check_len("k pool", k.len(), dims.pool_len())?;
-    check_len("v pool", v.len(), dims.pool_len())?;
-    check_len("out", out.len(), dims.q_len())?;
+    check_len("q", q, dims.q_len())?;
+    check_len("k pool", k, dims.pool_len())?;
+    check_len("v pool", v, dims.pool_len())?;
+    check_len("out", out, dims.q_len())?;
+    if dims.q_len() > 0 {
+        check_len(
+            "block table",
+            table.blocks.len(),
+            (dims.rows * table.width).max(1),
+        )?;
+        check_len("lens", table.lens.len(), dims.rows)?;
+    }
+    Ok(())
+}
+
+/// A 1-D grid of `blocks` blocks, or an error when the driver could not launch it.
+fn grid_of(blocks: usize) -> candle_core::Result<u32> {
+    u32::try_from(blocks)
+        .ok()
+        .filter(|&b| b < i32::MAX as u32)
+        .ok_or_else(|| candle_core::Error::Msg(format!("paged attention: grid of {blocks} blocks")))
+}
+
+/// Enqueues the paged decode attention: `out` (like `q`) is written in full. `funcs` are those
+/// of the dtype of `T` and `dims.d`; `table` was uploaded from the host table the shapes came
+/// from. `splits`: `None` picks them with [`split_plan`] (the device's SM count, the table's
+/// longest row), `Some(n)` forces `n` splits ([`SplitPlan::forced`]; for tests). Returns the
+/// split used; with more than one split the f32 workspace of pass 1 is allocated on `stream`
+/// for the call (freed in stream order).
+pub fn launch<T: DeviceRepr>(
+    stream: &Arc<CudaStream>,
+    funcs: Funcs<'_>,
+    dims: &CallDims,
+    (q, k, v): (&CudaView<'_, T>, &CudaView<'_, T>, &CudaView<'_, T>),
+    table: &DeviceTable,
+    out: &mut CudaViewMut<'_, T>,
+    splits: Option<usize>,
+) -> candle_core::Result<SplitPlan> {
+    check_call(dims, (q.len(), k.len(), v.len(), out.len()), table)?;
     if dims.q_len() == 0 {
         return Ok(SplitPlan::unsplit(table.max_len));
     }
-    check_len(
-        "block table",
-        table.blocks.len(),
-        (dims.rows * table.width).max(1),
-    )?;
-    check_len("lens", table.lens.len(), dims.rows)?;
     let (heads, kv_heads, d) = (
         fit(dims.heads, "heads")?,
         fit(dims.kv_heads, "kv heads")?,
@@ -277,14 +389,6 @@ pub fn launch<T: DeviceRepr>(
     let plan = match splits {
         Some(n) => SplitPlan::forced(table.max_len, n),
         None => split_plan(stream, dims.rows, dims.heads, dims.kv_heads, table.max_len)?,
-    };
-    let grid_of = |blocks: usize| {
-        u32::try_from(blocks)
-            .ok()
-            .filter(|&b| b < i32::MAX as u32)
-            .ok_or_else(|| {
-                candle_core::Error::Msg(format!("paged attention: grid of {blocks} blocks"))
-            })
     };
     let blocks = grid_of(plan.grid(dims.rows, dims.heads, dims.kv_heads))?;
     let (n_splits, split_blocks) = (
@@ -369,12 +473,15 @@ mod on_cuda {
     use cudarc::driver::{CudaSlice, CudaView, DeviceRepr, ValidAsZeroBits};
 
     use super::super::cpu::Dims;
-    use super::super::kernels::combine_entry;
-    use super::super::kernels::KernelDtype;
-    use super::{entry, launch, ptx, CallDims, DeviceTable, Funcs};
+    use super::super::kernels::{chunk_entry, combine_entry, KernelDtype};
+    use super::{entry, launch, launch_chunk, ptx, CallDims, DeviceTable, Funcs};
+    use crate::model::flash_attn::cuda as flash;
+    use crate::model::flash_attn::kernels as flash_kernels;
 
     /// candle's cache key for the loaded `paged_attn.cu` module.
     const MODULE: &str = "cascade_paged_attn";
+    /// The fused attention's tensor-core module (its key there: one load per process).
+    const MMA_MODULE: &str = flash::MMA_MODULE;
 
     /// The elements of a contiguous tensor's device buffer.
     fn view<'a, T>(
@@ -417,9 +524,39 @@ mod on_cuda {
             pool_rows,
             scale,
         };
+        let mut out = device.alloc_zeros::<T>(lq.shape().elem_count())?;
+        let (q, k, v) = (
+            view(q, lq, "q")?,
+            view(k, lk, "k pool")?,
+            view(v, lv, "v pool")?,
+        );
+        // Prefill chunks in bf16 on tensor cores (compute capability 8.0+), in the fused
+        // attention's tensor-core module.
+        if dtype == KernelDtype::Bf16 && table.chunk_shaped() {
+            let (major, _) = device
+                .cuda_stream()
+                .context()
+                .compute_capability()
+                .map_err(candle_core::Error::wrap)?;
+            let cores = flash::uses_tensor_cores(flash_kernels::KernelDtype::Bf16, major);
+            if let (true, Some(name)) = (cores, chunk_entry(d)) {
+                let func = device.get_or_load_custom_func(name, MMA_MODULE, flash::mma_ptx()?)?;
+                launch_chunk(
+                    &device.cuda_stream(),
+                    &func,
+                    &call,
+                    (&q, &k, &v),
+                    table,
+                    &mut out.as_view_mut(),
+                )?;
+                return Ok((
+                    CudaStorage::wrap_cuda_slice(out, device.clone()),
+                    lq.shape().clone(),
+                ));
+            }
+        }
         let decode = device.get_or_load_custom_func(entry(dtype, d)?, MODULE, ptx()?)?;
         let combine = device.get_or_load_custom_func(combine_entry(dtype), MODULE, ptx()?)?;
-        let mut out = device.alloc_zeros::<T>(lq.shape().elem_count())?;
         launch(
             &device.cuda_stream(),
             Funcs {
@@ -427,11 +564,7 @@ mod on_cuda {
                 combine: &combine,
             },
             &call,
-            (
-                &view(q, lq, "q")?,
-                &view(k, lk, "k pool")?,
-                &view(v, lv, "v pool")?,
-            ),
+            (&q, &k, &v),
             table,
             &mut out.as_view_mut(),
             None,

@@ -203,6 +203,30 @@ pub fn entry_points() -> Vec<&'static str> {
     names
 }
 
+/// Rows (queries) per block of the tensor-core prefill kernel, `fam_paged_bf16_d*` of
+/// `flash_attn_mma.cu` (`FWD_M` of its `MmaTiles`).
+pub const CHUNK_ROWS: usize = 64;
+
+/// A call runs on the prefill kernel (bf16, tensor cores) when its runs of rows with the same
+/// blocks ([`super::PageTable::runs`] of [`CHUNK_ROWS`]) hold this many rows on average:
+/// prefill chunks (runs of 64), not decode batches (runs of one).
+pub const CHUNK_MIN_AVG_ROWS: usize = 8;
+
+/// The tensor-core prefill entry point for head dimension `head_dim` (bf16 only), or `None`
+/// when `head_dim` is 0 or above [`MAX_HEAD_DIM`].
+pub fn chunk_entry(head_dim: usize) -> Option<&'static str> {
+    match head_dim {
+        1..=64 => Some("fam_paged_bf16_d64"),
+        65..=MAX_HEAD_DIM => Some("fam_paged_bf16_d128"),
+        _ => None,
+    }
+}
+
+/// Whether `rows` rows in `runs` runs are prefill-shaped (see [`CHUNK_MIN_AVG_ROWS`]).
+pub fn chunk_shaped(rows: usize, runs: usize) -> bool {
+    runs > 0 && rows >= CHUNK_MIN_AVG_ROWS * runs
+}
+
 /// Blocks per (row, kv head): the group's `heads / kv_heads` query heads in chunks of
 /// [`QUERIES_PER_BLOCK`] (the kernel's `q_chunks` argument).
 pub fn query_chunks(heads: usize, kv_heads: usize) -> usize {

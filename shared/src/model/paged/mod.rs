@@ -90,6 +90,23 @@ impl PageTable {
         self.blocks[r * self.width + i / BLOCK_TOKENS] as usize * BLOCK_TOKENS + i % BLOCK_TOKENS
     }
 
+    /// `(first row, rows)` of each run of at most `max_rows` consecutive rows with the same
+    /// blocks: the queries of a prefill chunk of one sequence (which read one block table, each
+    /// up to its own length) fall into runs of `max_rows`, the rows of a decode batch into runs
+    /// of one.
+    pub fn runs(&self, max_rows: usize) -> Vec<(usize, usize)> {
+        let w = self.width;
+        let blocks = |r: usize| &self.blocks[r * w..(r + 1) * w];
+        let mut out: Vec<(usize, usize)> = Vec::new();
+        for r in 0..self.rows {
+            match out.last_mut() {
+                Some((first, n)) if *n < max_rows && blocks(*first) == blocks(r) => *n += 1,
+                _ => out.push((r, 1)),
+            }
+        }
+        out
+    }
+
     /// The largest pool row any row reads, plus one (checked against the pool's size).
     fn rows_needed(&self) -> usize {
         (0..self.rows)
@@ -345,6 +362,8 @@ mod tests {
             cpu::tiles(&table),
             vec![(0, 16), (16, 16), (32, 5), (37, 3), (40, 1)]
         );
+        assert_eq!(table.runs(64), vec![(0, 37), (37, 3), (40, 1)]);
+        assert_eq!(table.runs(20), vec![(0, 20), (20, 17), (37, 3), (40, 1)]);
         let q = Tensor::randn(0f32, 1f32, (rows.len(), heads, d), &Device::Cpu).unwrap();
         let scale = 0.125;
         let fast = paged_attention(&q, &k, &v, &table, scale).unwrap();

@@ -155,19 +155,17 @@ __device__ __forceinline__ void fam_c_to_a(unsigned int (&a)[4], const float (&l
     a[3] = fam_pack(hi[2], hi[3]);
 }
 
-// Rows [row0, row0 + ROWS) of a (t, d) bf16 matrix into `dst` (zero past t and past d).
-template <int DMAX, int ROWS>
-__device__ __forceinline__ void fam_load(fam_chunk (*dst)[FamRow<DMAX>::CHUNKS],
-                                         const bf16_bits* src, unsigned int row0, unsigned int t,
-                                         unsigned int d) {
+// ROWS rows of d bf16 into `dst` (zero past d, and for rows whose address is null): row r is
+// read at `row_at(r)`. `vec`: every row address is 16-byte aligned and d is a multiple of 8.
+template <int DMAX, int ROWS, class RowAt>
+__device__ __forceinline__ void fam_load_rows(fam_chunk (*dst)[FamRow<DMAX>::CHUNKS],
+                                              RowAt row_at, unsigned int d, bool vec) {
     constexpr unsigned int CH = DMAX / 8;
-    const bool vec = d % 8 == 0 && (reinterpret_cast<unsigned long long>(src) & 15ull) == 0;
     for (unsigned int e = threadIdx.x; e < ROWS * CH; e += FAM_THREADS) {
         const unsigned int r = e / CH, ch = e % CH, col0 = 8 * ch;
-        const unsigned int i = row0 + r;
+        const bf16_bits* p = row_at(r);
         fam_chunk x;
-        if (i < t && col0 < d) {
-            const bf16_bits* p = src + static_cast<unsigned long long>(i) * d;
+        if (p != nullptr && col0 < d) {
             if (vec) {
                 x = *reinterpret_cast<const fam_chunk*>(p + col0);
             } else {
@@ -185,6 +183,27 @@ __device__ __forceinline__ void fam_load(fam_chunk (*dst)[FamRow<DMAX>::CHUNKS],
         }
         dst[r][ch] = x;
     }
+}
+
+// Whether 16-byte loads serve rows of d elements at `base` + multiples of `stride` elements.
+__device__ __forceinline__ bool fam_vec(const bf16_bits* base, unsigned long long stride,
+                                        unsigned int d) {
+    return d % 8 == 0 && stride % 8 == 0 &&
+           (reinterpret_cast<unsigned long long>(base) & 15ull) == 0;
+}
+
+// Rows [row0, row0 + ROWS) of a (t, d) bf16 matrix into `dst` (zero past t and past d).
+template <int DMAX, int ROWS>
+__device__ __forceinline__ void fam_load(fam_chunk (*dst)[FamRow<DMAX>::CHUNKS],
+                                         const bf16_bits* src, unsigned int row0, unsigned int t,
+                                         unsigned int d) {
+    fam_load_rows<DMAX, ROWS>(
+        dst,
+        [&](unsigned int r) -> const bf16_bits* {
+            const unsigned int i = row0 + r;
+            return i < t ? src + static_cast<unsigned long long>(i) * d : nullptr;
+        },
+        d, fam_vec(src, d, d));
 }
 
 // Per warp, the key range [lo, hi) its 16 rows can see (lo = FA_OUTSIDE, hi = 0 if none) and
@@ -227,6 +246,131 @@ __device__ __forceinline__ bool fam_all_visible(unsigned int k0, unsigned int n,
 // ------------------------------------------------------------------------------------------
 // Forward.
 
+// The running state of one warp's 16 query rows: this lane holds rows g and g + 8 (m, and l as
+// the partial sum over the lane's columns) and their output columns 8 j + 2 c, + 1.
+template <int DMAX>
+struct FamFwdState {
+    float m[2], l[2];
+    float o[DMAX / 8][4];
+};
+
+template <int DMAX>
+__device__ __forceinline__ void fam_fwd_init(FamFwdState<DMAX>& st) {
+    st.m[0] = st.m[1] = -fa_inf();
+    st.l[0] = st.l[1] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < DMAX / 8; ++j) st.o[j][0] = st.o[j][1] = st.o[j][2] = st.o[j][3] = 0.0f;
+}
+
+// One key tile of BN keys (first key k0) for the warp's rows: S = Q K^T, scaled, masked where
+// !full by visible(r, key) (r = 0 for row g, 1 for row g + 8), online softmax, O += P V.
+template <int DMAX, int BN, class Visible>
+__device__ __forceinline__ void fam_fwd_tile(FamFwdState<DMAX>& st,
+                                             const unsigned int (&qa)[DMAX / 16][4],
+                                             const fam_chunk (*ks)[FamRow<DMAX>::CHUNKS],
+                                             const fam_chunk (*vs)[FamRow<DMAX>::CHUNKS],
+                                             unsigned int k0, bool full, Visible visible,
+                                             float scale, unsigned int lane) {
+    constexpr int KS = DMAX / 16, NT = BN / 8, DT = DMAX / 8;
+    const unsigned int c4 = lane % 4;
+    float s[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) {
+#pragma unroll
+        for (int n = 0; n < NT; n += 2) {
+            unsigned int b[2][2];
+            fam_frag_b_nk(b, ks, 8 * n, 16 * kk, lane);
+            fam_mma(s[n], qa[kk], b[0][0], b[0][1]);
+            fam_mma(s[n + 1], qa[kk], b[1][0], b[1][1]);
+        }
+    }
+    // Scale and mask (tiles that every row sees whole need no mask); the tile's row maxima.
+    float mx[2] = {-fa_inf(), -fa_inf()};
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const unsigned int key = k0 + 8 * n + 2 * c4 + (e & 1);
+            s[n][e] = full || visible(e / 2, key) ? s[n][e] * scale : -fa_inf();
+            mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
+        }
+    }
+    float corr[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float m_new = fmaxf(st.m[r], mx[r]);
+        // Nothing visible yet: keep m = -inf, l = 0 (exp(-inf - -inf) would be NaN).
+        corr[r] = m_new == -fa_inf() ? 1.0f : expf(st.m[r] - m_new);
+        st.m[r] = m_new;
+    }
+    float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float mr = st.m[e / 2];
+            const float p = mr == -fa_inf() ? 0.0f : expf(s[n][e] - mr);
+            s[n][e] = p;
+            sum[e / 2] += p;
+        }
+    }
+    st.l[0] = st.l[0] * corr[0] + sum[0];
+    st.l[1] = st.l[1] * corr[1] + sum[1];
+#pragma unroll
+    for (int j = 0; j < DT; ++j) {
+        st.o[j][0] *= corr[0];
+        st.o[j][1] *= corr[0];
+        st.o[j][2] *= corr[1];
+        st.o[j][3] *= corr[1];
+    }
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+        unsigned int pa[4];
+        fam_c_to_a(pa, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+        for (int j = 0; j < DT; j += 2) {
+            unsigned int b[2][2];
+            fam_frag_b_kn(b, vs, 16 * kk, 8 * j, lane);
+            fam_mma(st.o[j], pa, b[0][0], b[0][1]);
+            fam_mma(st.o[j + 1], pa, b[1][0], b[1][1]);
+        }
+    }
+}
+
+// The quad sums of l (every lane of a row then holds its total).
+template <int DMAX>
+__device__ __forceinline__ void fam_fwd_finish(FamFwdState<DMAX>& st) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        st.l[r] += __shfl_xor_sync(0xffffffffu, st.l[r], 1);
+        st.l[r] += __shfl_xor_sync(0xffffffffu, st.l[r], 2);
+    }
+}
+
+// O = acc / l of this lane's two rows into `row0` / `row1` (d elements each; null: not written),
+// zero for a row that saw nothing.
+template <int DMAX>
+__device__ __forceinline__ void fam_fwd_store(const FamFwdState<DMAX>& st, bf16_bits* row0,
+                                              bf16_bits* row1, unsigned int d,
+                                              unsigned int lane) {
+    const unsigned int c4 = lane % 4;
+#pragma unroll
+    for (int j = 0; j < DMAX / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            bf16_bits* row = e < 2 ? row0 : row1;
+            const unsigned int col = 8 * j + 2 * c4 + (e & 1);
+            if (row == nullptr || col >= d) continue;
+            const float lr = st.l[e / 2];
+            row[col] = from_f32<bf16_bits>(lr > 0.0f ? st.o[j][e] / lr : 0.0f);
+        }
+    }
+}
+
 template <int DMAX>
 __device__ __forceinline__ void fam_fwd(const bf16_bits* q, const bf16_bits* k,
                                         const bf16_bits* v, const unsigned int* seg_off,
@@ -237,8 +381,6 @@ __device__ __forceinline__ void fam_fwd(const bf16_bits* q, const bf16_bits* k,
     constexpr int BM = MmaTiles<DMAX>::FWD_M, BN = MmaTiles<DMAX>::FWD_N;
     constexpr int C = FamRow<DMAX>::CHUNKS;
     constexpr int KS = DMAX / 16;  // k-steps over the head dimension
-    constexpr int NT = BN / 8;     // 8-key tiles of S
-    constexpr int DT = DMAX / 8;   // 8-column tiles of O
     static_assert(BM == 16 * FAM_WARPS, "16 query rows per warp");
     __shared__ fam_chunk qs[BM][C];
     __shared__ fam_chunk ks[BN][C];
@@ -273,117 +415,142 @@ __device__ __forceinline__ void fam_fwd(const bf16_bits* q, const bf16_bits* k,
     // This lane's two rows: g and g + 8 of the warp's 16.
     const unsigned int i0 = q0 + 16 * w + g, i1 = i0 + 8;
     const unsigned int st0 = starts[16 * w + g], st1 = starts[16 * w + g + 8];
+    auto visible = [&](unsigned int r, unsigned int key) {
+        const unsigned int i = r == 0 ? i0 : i1, st = r == 0 ? st0 : st1;
+        return st != FA_OUTSIDE && key >= st && key <= i;
+    };
 
-    float m[2] = {-fa_inf(), -fa_inf()}, l[2] = {0.0f, 0.0f};
-    float o[DT][4];
-#pragma unroll
-    for (int j = 0; j < DT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-
+    FamFwdState<DMAX> state;
+    fam_fwd_init(state);
     for (unsigned int k0 = lo; k0 < hi; k0 += BN) {
         fam_load<DMAX, BN>(ks, k + kv_off, k0, t, d);
         fam_load<DMAX, BN>(vs, v + kv_off, k0, t, d);
         __syncthreads();
         if (k0 < whi && k0 + BN > wlo) {
-            float s[NT][4];
-#pragma unroll
-            for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-            for (int kk = 0; kk < KS; ++kk) {
-#pragma unroll
-                for (int n = 0; n < NT; n += 2) {
-                    unsigned int b[2][2];
-                    fam_frag_b_nk(b, ks, 8 * n, 16 * kk, lane);
-                    fam_mma(s[n], qa[kk], b[0][0], b[0][1]);
-                    fam_mma(s[n + 1], qa[kk], b[1][0], b[1][1]);
-                }
-            }
-            // Scale and mask (tiles below the diagonal of one segment need no mask); the
-            // tile's row maxima.
+            // Tiles below the diagonal of one segment need no mask.
             const bool full = fam_all_visible(k0, BN, q0 + 16 * w, wmax_start);
-            float mx[2] = {-fa_inf(), -fa_inf()};
-#pragma unroll
-            for (int n = 0; n < NT; ++n) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const unsigned int key = k0 + 8 * n + 2 * c4 + (e & 1);
-                    const unsigned int i = e < 2 ? i0 : i1, st = e < 2 ? st0 : st1;
-                    const bool visible = full || (st != FA_OUTSIDE && key >= st && key <= i);
-                    s[n][e] = visible ? s[n][e] * scale : -fa_inf();
-                    mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
-                }
-            }
-            float corr[2];
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-                const float m_new = fmaxf(m[r], mx[r]);
-                // Nothing visible yet: keep m = -inf, l = 0 (exp(-inf - -inf) would be NaN).
-                corr[r] = m_new == -fa_inf() ? 1.0f : expf(m[r] - m_new);
-                m[r] = m_new;
-            }
-            float sum[2] = {0.0f, 0.0f};
-#pragma unroll
-            for (int n = 0; n < NT; ++n) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const float mr = m[e / 2];
-                    const float p = mr == -fa_inf() ? 0.0f : expf(s[n][e] - mr);
-                    s[n][e] = p;
-                    sum[e / 2] += p;
-                }
-            }
-            // Per-lane partial row sums (the lane's columns); summed over the quad at the end.
-            l[0] = l[0] * corr[0] + sum[0];
-            l[1] = l[1] * corr[1] + sum[1];
-#pragma unroll
-            for (int j = 0; j < DT; ++j) {
-                o[j][0] *= corr[0];
-                o[j][1] *= corr[0];
-                o[j][2] *= corr[1];
-                o[j][3] *= corr[1];
-            }
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk) {
-                unsigned int pa[4];
-                fam_c_to_a(pa, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-                for (int j = 0; j < DT; j += 2) {
-                    unsigned int b[2][2];
-                    fam_frag_b_kn(b, vs, 16 * kk, 8 * j, lane);
-                    fam_mma(o[j], pa, b[0][0], b[0][1]);
-                    fam_mma(o[j + 1], pa, b[1][0], b[1][1]);
-                }
-            }
+            fam_fwd_tile<DMAX, BN>(state, qa, ks, vs, k0, full, visible, scale, lane);
         }
         __syncthreads();
     }
-
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    }
-#pragma unroll
-    for (int j = 0; j < DT; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const unsigned int i = e < 2 ? i0 : i1, col = 8 * j + 2 * c4 + (e & 1);
-            if (i >= t || col >= d) continue;
-            const float lr = l[e / 2];
-            out[head_off + static_cast<unsigned long long>(i) * d + col] =
-                from_f32<bf16_bits>(lr > 0.0f ? o[j][e] / lr : 0.0f);
-        }
-    }
+    fam_fwd_finish(state);
+    bf16_bits* o = out + head_off;
+    fam_fwd_store(state, i0 < t ? o + static_cast<unsigned long long>(i0) * d : nullptr,
+                  i1 < t ? o + static_cast<unsigned long long>(i1) * d : nullptr, d, lane);
     if (c4 == 0) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const unsigned int i = r == 0 ? i0 : i1;
+            const float l = state.l[r];
             if (i < t)
                 lse[static_cast<unsigned long long>(bh) * t + i] =
-                    l[r] > 0.0f ? m[r] + logf(l[r]) : fa_inf();
+                    l > 0.0f ? state.m[r] + logf(l) : fa_inf();
         }
     }
+}
+
+// ------------------------------------------------------------------------------------------
+// Paged prefill: the queries of a chunk of one sequence against its paged KV cache (the
+// layout of ../../paged: q and out (rows, heads, d); the pools (pool_rows, kv_heads, d); row
+// r's token i at pool row blocks[r * width + i / 16] * 16 + i % 16 for i < lens[r]). `tiles`
+// holds n_tiles pairs (first row, rows <= 64) of consecutive rows with the same block table
+// (checked on the host); a block serves one (tile, query head), grid n_tiles * heads, and its
+// rows see keys [0, lens[r]) of the shared table. The forward of fam_fwd otherwise.
+
+#define FAM_PAGE 16
+
+template <int DMAX>
+__device__ __forceinline__ void fam_paged(const bf16_bits* q, const bf16_bits* k_pool,
+                                          const bf16_bits* v_pool, const unsigned int* blocks,
+                                          const unsigned int* lens, const unsigned int* tiles,
+                                          bf16_bits* out, unsigned int heads,
+                                          unsigned int kv_heads, unsigned int d,
+                                          unsigned int width, float scale) {
+    constexpr int BM = MmaTiles<DMAX>::FWD_M, BN = MmaTiles<DMAX>::FWD_N;
+    constexpr int C = FamRow<DMAX>::CHUNKS;
+    constexpr int KS = DMAX / 16;
+    static_assert(BM == 16 * FAM_WARPS && BN % FAM_PAGE == 0, "tile shapes");
+    __shared__ fam_chunk qs[BM][C];
+    __shared__ fam_chunk ks[BN][C];
+    __shared__ fam_chunk vs[BN][C];
+    __shared__ unsigned int row_len[BM];
+    __shared__ unsigned int ranges[FAM_WARPS + 1][2];  // per warp and block: min, max length
+
+    const unsigned int tile = blockIdx.x / heads, h = blockIdx.x % heads;
+    const unsigned int row0 = tiles[2 * tile], n_rows = tiles[2 * tile + 1];
+    const unsigned int kvh = h / (heads / kv_heads);
+    const unsigned int tid = threadIdx.x, lane = tid % 32, w = tid / 32;
+    const unsigned int g = lane / 4;
+    const unsigned long long q_stride = static_cast<unsigned long long>(heads) * d;
+    const unsigned long long kv_stride = static_cast<unsigned long long>(kv_heads) * d;
+    const unsigned int* table = blocks + static_cast<unsigned long long>(row0) * width;
+
+    for (unsigned int r = tid; r < BM; r += FAM_THREADS)
+        row_len[r] = r < n_rows ? lens[row0 + r] : 0u;
+    const bf16_bits* q_head = q + static_cast<unsigned long long>(row0) * q_stride +
+                              static_cast<unsigned long long>(h) * d;
+    fam_load_rows<DMAX, BM>(
+        qs,
+        [&](unsigned int r) -> const bf16_bits* {
+            return r < n_rows ? q_head + r * q_stride : nullptr;
+        },
+        d, fam_vec(q_head, q_stride, d));
+    __syncthreads();
+    if (tid == 0) {
+        unsigned int bhi = 0;
+        for (int ww = 0; ww < FAM_WARPS; ++ww) {
+            unsigned int lo = FA_OUTSIDE, hi = 0;
+            for (int r = 16 * ww; r < 16 * ww + 16; ++r) {
+                lo = row_len[r] < lo ? row_len[r] : lo;
+                hi = row_len[r] > hi ? row_len[r] : hi;
+            }
+            ranges[ww][0] = lo;
+            ranges[ww][1] = hi;
+            bhi = hi > bhi ? hi : bhi;
+        }
+        ranges[FAM_WARPS][1] = bhi;
+    }
+    __syncthreads();
+    const unsigned int hi = ranges[FAM_WARPS][1];
+    const unsigned int wmin = ranges[w][0], wmax = ranges[w][1];
+
+    unsigned int qa[KS][4];
+#pragma unroll
+    for (int s = 0; s < KS; ++s) fam_frag_a(qa[s], qs, 16 * w, 16 * s, lane);
+    const unsigned int len0 = row_len[16 * w + g], len1 = row_len[16 * w + g + 8];
+    auto visible = [&](unsigned int r, unsigned int key) { return key < (r == 0 ? len0 : len1); };
+
+    const bool vec = fam_vec(k_pool, kv_stride, d) && fam_vec(v_pool, kv_stride, d);
+    FamFwdState<DMAX> state;
+    fam_fwd_init(state);
+    for (unsigned int k0 = 0; k0 < hi; k0 += BN) {
+        // Key j of the tile at its pool row (none at or past the longest row's length).
+        auto key_row = [&](const bf16_bits* pool, unsigned int j) -> const bf16_bits* {
+            const unsigned int key = k0 + j;
+            if (key >= hi) return nullptr;
+            const unsigned long long prow =
+                static_cast<unsigned long long>(table[key / FAM_PAGE]) * FAM_PAGE +
+                key % FAM_PAGE;
+            return pool + prow * kv_stride + static_cast<unsigned long long>(kvh) * d;
+        };
+        fam_load_rows<DMAX, BN>(
+            ks, [&](unsigned int j) { return key_row(k_pool, j); }, d, vec);
+        fam_load_rows<DMAX, BN>(
+            vs, [&](unsigned int j) { return key_row(v_pool, j); }, d, vec);
+        __syncthreads();
+        if (k0 < wmax) {
+            // Every row of the warp sees the whole tile: no mask.
+            const bool full = k0 + BN <= wmin;
+            fam_fwd_tile<DMAX, BN>(state, qa, ks, vs, k0, full, visible, scale, lane);
+        }
+        __syncthreads();
+    }
+    fam_fwd_finish(state);
+    const unsigned int r0 = 16 * w + g, r1 = r0 + 8;
+    bf16_bits* o_head = out + static_cast<unsigned long long>(row0) * q_stride +
+                        static_cast<unsigned long long>(h) * d;
+    fam_fwd_store(state, r0 < n_rows ? o_head + r0 * q_stride : nullptr,
+                  r1 < n_rows ? o_head + r1 * q_stride : nullptr, d, lane);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -723,3 +890,17 @@ __device__ __forceinline__ void fam_dkdv(const bf16_bits* q, const bf16_bits* k,
 
 FAM_ENTRIES(64)
 FAM_ENTRIES(128)
+
+// fam_paged_bf16_d{64,128}: the paged prefill above.
+#define FAM_PAGED_ENTRY(DMAX)                                                                   \
+    extern "C" __global__ void __launch_bounds__(FAM_THREADS) fam_paged_bf16_d##DMAX(           \
+        const bf16_bits* q, const bf16_bits* k_pool, const bf16_bits* v_pool,                   \
+        const unsigned int* blocks, const unsigned int* lens, const unsigned int* tiles,        \
+        bf16_bits* out, unsigned int heads, unsigned int kv_heads, unsigned int d,              \
+        unsigned int width, float scale) {                                                      \
+        fam_paged<DMAX>(q, k_pool, v_pool, blocks, lens, tiles, out, heads, kv_heads, d, width, \
+                        scale);                                                                 \
+    }
+
+FAM_PAGED_ENTRY(64)
+FAM_PAGED_ENTRY(128)
