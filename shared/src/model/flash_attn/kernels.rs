@@ -17,14 +17,12 @@ pub const FLASH_ATTN_MMA_CU: &str = include_str!("kernels/flash_attn_mma.cu");
 /// (and in the emulation, compiled with `-ffp-contract=off`).
 pub const NVRTC_OPTIONS: &[&str] = &["--fmad=false", "--std=c++17"];
 
-/// NVRTC options of the tensor-core source: [`NVRTC_OPTIONS`] for the virtual architecture
-/// that has `mma.sync` with bf16 (the driver compiles the PTX for the device's own, newer or
-/// equal, architecture when it loads the module).
-pub const MMA_NVRTC_OPTIONS: &[&str] = &[
-    "--fmad=false",
-    "--std=c++17",
-    "--gpu-architecture=compute_80",
-];
+/// NVRTC options of the tensor-core source, for the virtual architecture that has `mma.sync`
+/// with bf16 (the driver compiles the PTX for the device's own, newer or equal, architecture
+/// when it loads the module). With fused multiply-adds: these kernels round P and dS to bf16
+/// for the tensor cores, so they cannot match the CPU bit for bit anyway, and the softmax
+/// arithmetic between the products takes half the instructions.
+pub const MMA_NVRTC_OPTIONS: &[&str] = &["--std=c++17", "--gpu-architecture=compute_80"];
 
 /// The smallest compute capability (major) of the tensor-core kernels.
 pub const MMA_MIN_MAJOR: i32 = 8;

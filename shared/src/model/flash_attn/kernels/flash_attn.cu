@@ -23,11 +23,11 @@
 // thread step; accumulators are owned one (row, column) element per thread step, so that a warp
 // reads consecutive columns. Shared memory stays under the 48 KB of static shared memory.
 //
-// What would make it faster (not done; correctness first): tensor-core MMA (mma.sync / wgmma on
-// Hopper) for the two products of each tile instead of FMA loops, register-blocked tiles of
-// 64-128 queries with dynamic shared memory above 48 KB, bf16 tiles in shared memory, cp.async
-// / TMA double buffering of the next K/V tile, exp2 with a folded log2(e) scale, and skipping
-// the mask test on tiles fully below the diagonal.
+// These FMA kernels serve f32, and bf16 on GPUs older than compute capability 8.0; bf16 on
+// newer ones runs on tensor cores (flash_attn_mma.cu, compiled after this file). What would
+// make these faster (not done): register-blocked tiles of 64-128 queries with dynamic shared
+// memory above 48 KB, cp.async double buffering of the next K/V tile, exp2 with a folded
+// log2(e) scale, and skipping the mask test on tiles fully below the diagonal.
 
 #ifndef THREADS
 #define THREADS 128
