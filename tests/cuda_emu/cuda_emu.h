@@ -252,4 +252,6 @@ inline unsigned int __umulhi(unsigned int a, unsigned int b) {
     return static_cast<unsigned int>((static_cast<unsigned long long>(a) * b) >> 32);
 }
 inline unsigned int min(unsigned int a, unsigned int b) { return a < b ? a : b; }
+// The device's fast exponential (ex2.approx of x log2(e), a few ulp); here the libm one.
+inline float __expf(float x) { return std::exp(x); }
 using std::isnan;

@@ -13,11 +13,15 @@
 //   fwd:  S = Q K^T, online softmax in registers, O += P V (P rounded to bf16, as in FA2);
 //   dq:   S = Q K^T, dP = dO V^T, dS = P (dP - D) scale, dQ += dS K (dS rounded to bf16);
 //   dkdv: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q (P, dS rounded to bf16).
-// Tiles are staged in shared memory as bf16 with rows padded by 8 elements (16 bytes), so that
-// the fragment reads of a warp (8 rows x 4 words, or 4 rows x 8 half-words for the operands
-// read transposed) hit 32 distinct banks. Global loads are 16 bytes per thread where d is a
-// multiple of 8 and the pointers are 16-byte aligned, else element by element (same values).
-// Branches that skip an mma are uniform over the warp (mma.sync needs all 32 lanes).
+// Tiles are staged in shared memory as bf16 with rows padded by 8 elements (16 bytes) and read
+// into fragments with ldmatrix.x4 (.trans for the operands stored k-major: V in P V, K in dS K,
+// dO and Q in the dK/dV products), each 8-row phase of which hits 32 distinct banks. Global
+// loads are 16 bytes per thread where d is a multiple of 8 and the pointers are 16-byte
+// aligned, else element by element (same values). Branches that skip an mma or ldmatrix are
+// uniform over the warp (both need all 32 lanes).
+//
+// Also here: fam_paged_* (below fam_fwd), the paged prefill of ../../paged, which shares the
+// forward's tile step.
 //
 // Fragment layouts (PTX ISA, mma.m16n8k16 with .bf16): lane = 4 g + c (g = lane / 4, c =
 // lane % 4); A (16 x 16, row-major) a0 = (g, 2c..2c+1), a1 = (g + 8, 2c..), a2 = (g, 2c + 8..),
@@ -26,12 +30,16 @@
 // bf16 per 32-bit register, the lower index in the low half. So the C fragments of two
 // adjacent 8-column tiles are, rounded to bf16, the A fragment of their 16 columns.
 //
-// Under the CPU emulation (tests/cuda_emu/cuda_emu.h) the mma is computed from the 32 lanes'
-// fragments exchanged between two warp barriers, with the layouts above.
+// Under the CPU emulation (tests/cuda_emu/cuda_emu.h) mma and ldmatrix are computed from the 32
+// lanes' fragments or row addresses exchanged between two warp barriers, with these layouts
+// (ldmatrix: lane 8 i + j addresses row j of matrix i; lane 4 g + c receives (g, 2c..2c+1) of
+// each matrix, or with .trans (2c..2c+1, g)).
 //
-// What would make it faster (not done): ldmatrix for the fragment reads, cp.async double
-// buffering of the next tile, exp2 with a folded log2(e) scale, skipping the mask on tiles
-// below the diagonal, 128-query blocks of 8 warps, and wgmma/TMA on Hopper.
+// Exponentials use the fast __expf (ex2.approx, a few ulp: far below the bf16 rounding of P).
+// Tiles that every row of a warp sees whole (below the diagonal of one segment) skip the mask.
+//
+// What would make it faster (not done): cp.async double buffering of the next tile, 128-query
+// blocks of 8 warps with dynamic shared memory, and wgmma/TMA on Hopper.
 
 #define FAM_WARPS 4
 #define FAM_THREADS (32 * FAM_WARPS)
@@ -304,7 +312,7 @@ __device__ __forceinline__ void fam_fwd_tile(FamFwdState<DMAX>& st,
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
         const float m_new = fmaxf(st.m[r], mx[r]);
         // Nothing visible yet: keep m = -inf, l = 0 (exp(-inf - -inf) would be NaN).
-        corr[r] = m_new == -fa_inf() ? 1.0f : expf(st.m[r] - m_new);
+        corr[r] = m_new == -fa_inf() ? 1.0f : __expf(st.m[r] - m_new);
         st.m[r] = m_new;
     }
     float sum[2] = {0.0f, 0.0f};
@@ -313,7 +321,7 @@ __device__ __forceinline__ void fam_fwd_tile(FamFwdState<DMAX>& st,
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const float mr = st.m[e / 2];
-            const float p = mr == -fa_inf() ? 0.0f : expf(s[n][e] - mr);
+            const float p = mr == -fa_inf() ? 0.0f : __expf(s[n][e] - mr);
             s[n][e] = p;
             sum[e / 2] += p;
         }
@@ -663,7 +671,7 @@ __device__ __forceinline__ void fam_dq(const bf16_bits* q, const bf16_bits* k,
                     const unsigned int i = e < 2 ? i0 : i1, st = e < 2 ? st0 : st1;
                     float x = 0.0f;
                     if (full || (st != FA_OUTSIDE && key >= st && key <= i)) {
-                        const float p = expf(s[n][e] * scale - (e < 2 ? l0 : l1));
+                        const float p = __expf(s[n][e] * scale - (e < 2 ? l0 : l1));
                         x = p * (dp[n][e] - (e < 2 ? dl0 : dl1)) * scale;
                     }
                     s[n][e] = x;
@@ -814,7 +822,7 @@ __device__ __forceinline__ void fam_dkdv(const bf16_bits* q, const bf16_bits* k,
                         const unsigned int st = starts[col];
                         float p = 0.0f, x = 0.0f;
                         if (full || (st != FA_OUTSIDE && key >= st && key <= i)) {
-                            p = expf(s[n][e] * scale - lse_row[col]);
+                            p = __expf(s[n][e] * scale - lse_row[col]);
                             x = p * (dp[n][e] - delta_row[col]) * scale;
                         }
                         s[n][e] = p;
