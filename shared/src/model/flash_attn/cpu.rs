@@ -191,14 +191,88 @@ unsafe fn forward_block_avx2<T: Elem>(task: &FwdTask<'_, T>, out: &mut [T], lse:
 fn forward_block<T: Elem, const FMA: bool>(task: &FwdTask<'_, T>, out: &mut [T], lse: &mut [f32]) {
     let (d, q0) = (task.d, task.q0);
     let nq = lse.len();
-    let rows = &task.table[q0..q0 + nq];
-    // The keys any row of the block sees: from the lowest segment start to the last query.
+    // Query q0 + r sees keys [segment start, q0 + r] (none outside every segment).
+    let visible: Vec<(usize, usize)> = task.table[q0..q0 + nq]
+        .iter()
+        .enumerate()
+        .map(|(r, &(start, _))| {
+            if start == OUTSIDE {
+                (0, 0)
+            } else {
+                (start as usize, q0 + r + 1)
+            }
+        })
+        .collect();
+    let mut q_buf = Vec::new();
+    let q_blk = T::as_f32(&task.q_head[q0 * d..(q0 + nq) * d], &mut q_buf);
+    let keys = ContiguousKeys {
+        k: task.k_head,
+        v: task.v_head,
+        d,
+    };
+    attend_block::<T, _, FMA>(q_blk, &visible, &keys, d, task.scale, out, lse);
+}
+
+/// Where [`attend_block`] reads the keys and values of a tile: `(nk, d)` each as f32, for keys
+/// `k0..k0 + nk` (positions in the key sequence), converted into the scratch vectors or
+/// borrowed.
+pub(crate) trait KeyTiles {
+    fn tile<'s>(
+        &'s self,
+        k0: usize,
+        nk: usize,
+        k_buf: &'s mut Vec<f32>,
+        v_buf: &'s mut Vec<f32>,
+    ) -> (&'s [f32], &'s [f32]);
+}
+
+/// Keys and values of one head, contiguous `(t, d)`.
+struct ContiguousKeys<'a, T> {
+    k: &'a [T],
+    v: &'a [T],
+    d: usize,
+}
+
+impl<T: Elem> KeyTiles for ContiguousKeys<'_, T> {
+    #[inline(always)]
+    fn tile<'s>(
+        &'s self,
+        k0: usize,
+        nk: usize,
+        k_buf: &'s mut Vec<f32>,
+        v_buf: &'s mut Vec<f32>,
+    ) -> (&'s [f32], &'s [f32]) {
+        let (a, b) = (k0 * self.d, (k0 + nk) * self.d);
+        (
+            T::as_f32(&self.k[a..b], k_buf),
+            T::as_f32(&self.v[a..b], v_buf),
+        )
+    }
+}
+
+/// Attention of one block of queries, `q_blk` `(nq, d)` (f32, unscaled), row `r` seeing the keys
+/// `visible[r]` (`[a, e)`; `a >= e`: none) of `keys`, scores multiplied by `scale`: writes
+/// `out` `(nq, d)` (zero for a row that sees nothing) and `lse` `(nq)` (`+inf` for those). Tiles
+/// of [`FWD_BLOCK_K`] keys over the block's visible range, each as two matrix products with the
+/// online softmax between them.
+#[inline(always)]
+pub(crate) fn attend_block<T: Elem, K: KeyTiles, const FMA: bool>(
+    q_blk: &[f32],
+    visible: &[(usize, usize)],
+    keys: &K,
+    d: usize,
+    scale: f32,
+    out: &mut [T],
+    lse: &mut [f32],
+) {
+    let nq = visible.len();
+    // The keys any row of the block sees.
     let mut lo = usize::MAX;
     let mut hi = 0;
-    for (r, &(start, _)) in rows.iter().enumerate() {
-        if start != OUTSIDE {
-            lo = lo.min(start as usize);
-            hi = q0 + r + 1;
+    for &(a, e) in visible {
+        if a < e {
+            lo = lo.min(a);
+            hi = hi.max(e);
         }
     }
     if hi == 0 {
@@ -206,9 +280,7 @@ fn forward_block<T: Elem, const FMA: bool>(task: &FwdTask<'_, T>, out: &mut [T],
         lse.fill(f32::INFINITY);
         return;
     }
-    let mut q_buf = Vec::new();
     let (mut k_buf, mut v_buf) = (Vec::new(), Vec::new());
-    let q_blk = T::as_f32(&task.q_head[q0 * d..(q0 + nq) * d], &mut q_buf);
     let mut m = vec![f32::NEG_INFINITY; nq];
     let mut l = vec![0f32; nq];
     let mut acc = vec![0f32; nq * d];
@@ -217,8 +289,7 @@ fn forward_block<T: Elem, const FMA: bool>(task: &FwdTask<'_, T>, out: &mut [T],
     let mut k0 = lo;
     while k0 < hi {
         let nk = FWD_BLOCK_K.min(hi - k0);
-        let k_t = T::as_f32(&task.k_head[k0 * d..(k0 + nk) * d], &mut k_buf);
-        let v_t = T::as_f32(&task.v_head[k0 * d..(k0 + nk) * d], &mut v_buf);
+        let (k_t, v_t) = keys.tile(k0, nk, &mut k_buf, &mut v_buf);
         let p = &mut p[..nq * nk];
         // S = Q_blk · K_tileᵀ · scale, (nq, nk), as one matrix product.
         // SAFETY: the pointers and strides describe `q_blk` (nq, d), `k_t` read as (d, nk)
@@ -239,7 +310,7 @@ fn forward_block<T: Elem, const FMA: bool>(task: &FwdTask<'_, T>, out: &mut [T],
                 d as isize,
                 1,
                 0.0,
-                task.scale,
+                scale,
                 false,
                 false,
                 false,
@@ -247,14 +318,10 @@ fn forward_block<T: Elem, const FMA: bool>(task: &FwdTask<'_, T>, out: &mut [T],
             );
         }
         let mut any = false;
-        for (r, (&(start, _), p_r)) in rows.iter().zip(p.chunks_exact_mut(nk)).enumerate() {
-            // Visible keys of query i in this tile: [max(start, k0), min(i + 1, k0 + nk)).
-            let a = if start == OUTSIDE {
-                k0 + nk
-            } else {
-                (start as usize).max(k0)
-            };
-            let e = (q0 + r + 1).min(k0 + nk);
+        for (r, (&(va, ve), p_r)) in visible.iter().zip(p.chunks_exact_mut(nk)).enumerate() {
+            // Visible keys of this row in this tile: [max(a, k0), min(e, k0 + nk)).
+            let a = va.max(k0);
+            let e = ve.min(k0 + nk);
             if a >= e {
                 p_r.fill(0.0);
                 continue;

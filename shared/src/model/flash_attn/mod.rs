@@ -30,7 +30,7 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
 
-pub(crate) use cpu::Elem;
+pub(crate) use cpu::{attend_block, Elem, KeyTiles};
 pub use op::FlashAttn;
 
 /// Why a [`Segments`] description is invalid.

@@ -3,11 +3,17 @@
 //! softmax, scoring a block's keys for every head of the group before reading its values.
 //! Built twice, for AVX2 + FMA and generic x86-64/other CPUs, chosen at run time (the fused
 //! attention's [`crate::model::simd`] primitives: a polynomial `exp` that vectorises).
+//!
+//! A prefill-shaped call (the queries of a chunk of one sequence, `CausalLm::extend`: runs of
+//! rows with one block list, [`super::kernels::chunk_shaped`]) runs instead as one task per
+//! (run of up to 64 rows, query head) through the fused attention's block kernel
+//! ([`attend_block`]: the tile's two products as matrix products), its keys and values gathered
+//! from the blocks a tile at a time.
 
 use rayon::prelude::*;
 
-use super::{PageTable, BLOCK_TOKENS};
-use crate::model::flash_attn::Elem;
+use super::{kernels, PageTable, BLOCK_TOKENS};
+use crate::model::flash_attn::{attend_block, Elem, KeyTiles};
 use crate::model::simd::{detect_isa, exp_sum_in_place, fast_exp, madd, row_max, Isa};
 
 /// Shapes of one call.
@@ -47,6 +53,10 @@ pub(crate) fn decode<T: Elem>(
         table,
         scale,
     };
+    let runs = table.runs(kernels::CHUNK_ROWS);
+    if kernels::chunk_shaped(table.rows(), runs.len()) {
+        return chunk(&call, &runs, isa, out);
+    }
     let tiles = tiles(table);
     let results: Vec<Vec<T>> = (0..tiles.len() * kv_heads)
         .into_par_iter()
@@ -76,6 +86,110 @@ pub(crate) fn decode<T: Elem>(
 /// blocks ([`PageTable::runs`]).
 pub(super) fn tiles(table: &PageTable) -> Vec<(usize, usize)> {
     table.runs(TILE_ROWS)
+}
+
+/// The keys and values of kv head `g` of the sequence of row `row`, gathered from its blocks a
+/// tile at a time.
+struct PagedKeys<'a, T> {
+    k: &'a [T],
+    v: &'a [T],
+    table: &'a PageTable,
+    row: usize,
+    kv_heads: usize,
+    g: usize,
+    d: usize,
+}
+
+impl<T: Elem> KeyTiles for PagedKeys<'_, T> {
+    #[inline(always)]
+    fn tile<'s>(
+        &'s self,
+        k0: usize,
+        nk: usize,
+        k_buf: &'s mut Vec<f32>,
+        v_buf: &'s mut Vec<f32>,
+    ) -> (&'s [f32], &'s [f32]) {
+        let d = self.d;
+        k_buf.clear();
+        v_buf.clear();
+        for key in k0..k0 + nk {
+            let off = (self.table.pool_row(self.row, key) * self.kv_heads + self.g) * d;
+            k_buf.extend(self.k[off..off + d].iter().map(|x| x.to_f32()));
+            v_buf.extend(self.v[off..off + d].iter().map(|x| x.to_f32()));
+        }
+        (k_buf, v_buf)
+    }
+}
+
+/// The prefill-shaped call: one task per (run, query head), rows `first..first + n` of a run
+/// reading their sequence's keys `[0, len)` through [`attend_block`].
+fn chunk<T: Elem>(call: &Call<'_, T>, runs: &[(usize, usize)], isa: Isa, out: &mut [T]) {
+    let Dims { heads, kv_heads, d } = call.dims;
+    let rep = heads / kv_heads;
+    let results: Vec<Vec<T>> = (0..runs.len() * heads)
+        .into_par_iter()
+        .map(|task| {
+            let ((first, n), h) = (runs[task / heads], task % heads);
+            let mut q_blk = Vec::with_capacity(n * d);
+            for r in first..first + n {
+                let o = (r * heads + h) * d;
+                q_blk.extend(call.q[o..o + d].iter().map(|x| x.to_f32()));
+            }
+            let visible: Vec<(usize, usize)> = (first..first + n)
+                .map(|r| (0, call.table.lens()[r] as usize))
+                .collect();
+            let keys = PagedKeys {
+                k: call.k,
+                v: call.v,
+                table: call.table,
+                row: first,
+                kv_heads,
+                g: h / rep,
+                d,
+            };
+            let mut buf = vec![T::from_f32(0.0); n * d];
+            let mut lse = vec![0f32; n];
+            let args = (&q_blk[..], &visible[..], &keys, &mut buf[..], &mut lse[..]);
+            match isa {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `Isa::Avx2Fma` is only returned by `detect_isa` after
+                // `is_x86_feature_detected!` confirmed AVX2 and FMA on this CPU.
+                Isa::Avx2Fma => unsafe { chunk_task_avx2(args, d, call.scale) },
+                Isa::Generic => {
+                    let (q, vis, keys, o, l) = args;
+                    attend_block::<T, _, false>(q, vis, keys, d, call.scale, o, l)
+                }
+            }
+            buf
+        })
+        .collect();
+    for (task, buf) in results.iter().enumerate() {
+        let ((first, n), h) = (runs[task / heads], task % heads);
+        for i in 0..n {
+            let o = ((first + i) * heads + h) * d;
+            out[o..o + d].copy_from_slice(&buf[i * d..(i + 1) * d]);
+        }
+    }
+}
+
+/// The arguments of one prefill task: queries, visible ranges, keys, output, log-sum-exp.
+type ChunkArgs<'a, 'b, T> = (
+    &'a [f32],
+    &'a [(usize, usize)],
+    &'a PagedKeys<'b, T>,
+    &'a mut [T],
+    &'a mut [f32],
+);
+
+/// [`attend_block`] of one prefill task, compiled with AVX2 and FMA.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn chunk_task_avx2<T: Elem>(args: ChunkArgs<'_, '_, T>, d: usize, scale: f32) {
+    let (q, visible, keys, out, lse) = args;
+    attend_block::<T, _, true>(q, visible, keys, d, scale, out, lse)
 }
 
 /// The inputs of one call.

@@ -364,12 +364,25 @@ mod tests {
         );
         assert_eq!(table.runs(64), vec![(0, 37), (37, 3), (40, 1)]);
         assert_eq!(table.runs(20), vec![(0, 20), (20, 17), (37, 3), (40, 1)]);
+        // Prefill-shaped: the CPU kernel takes its chunk path (runs through the fused
+        // attention's block kernel).
+        assert!(kernels::chunk_shaped(
+            table.rows(),
+            table.runs(kernels::CHUNK_ROWS).len()
+        ));
         let q = Tensor::randn(0f32, 1f32, (rows.len(), heads, d), &Device::Cpu).unwrap();
         let scale = 0.125;
         let fast = paged_attention(&q, &k, &v, &table, scale).unwrap();
         let reference = gathered_attention(&q, &k, &v, &table, scale).unwrap();
         let err = max_rel(&fast, &reference);
         assert!(err < 1e-5, "max rel error {err}");
+        for dtype in [DType::BF16, DType::F16] {
+            let cast = |t: &Tensor| t.to_dtype(dtype).unwrap();
+            let half = paged_attention(&cast(&q), &cast(&k), &cast(&v), &table, scale).unwrap();
+            assert_eq!(half.dtype(), dtype);
+            let err = max_rel(&half, &reference);
+            assert!(err < 1e-2, "{dtype:?} max rel error {err}");
+        }
     }
 
     #[test]
