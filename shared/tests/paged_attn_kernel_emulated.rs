@@ -494,7 +494,9 @@ fn emulated_chunk(
 /// CPU kernel on the same bf16 inputs, to 1e-2.
 #[test]
 fn tensor_core_prefill_kernel_matches_the_cpu_kernel() -> Result<()> {
-    let cases: [(&str, (usize, usize, usize), Vec<(usize, usize)>); 3] = [
+    // (name, (heads, kv heads, d), (sequence length, first query position) per sequence)
+    type Seqs = Vec<(usize, usize)>;
+    let cases: [(&str, (usize, usize, usize), Seqs); 3] = [
         (
             "gqa 16/8 d=128, chunks of 3 sequences",
             (16, 8, 128),
