@@ -163,6 +163,36 @@ __device__ __forceinline__ void fam_c_to_a(unsigned int (&a)[4], const float (&l
     a[3] = fam_pack(hi[2], hi[3]);
 }
 
+// s[n] += A B_n for the NN 8-wide n tiles of an n-major tile (rows 8 n.., columns [k0, k0 + 16)):
+// S = Q K^T with K as the tile, and the like.
+template <int NN, int C>
+__device__ __forceinline__ void fam_mma_nk(float (*s)[4], const unsigned int (&a)[4],
+                                           const fam_chunk (*tile)[C], unsigned int k0,
+                                           unsigned int lane) {
+#pragma unroll
+    for (int n = 0; n < NN; n += 2) {
+        unsigned int b[2][2];
+        fam_frag_b_nk(b, tile, 8 * n, k0, lane);
+        fam_mma(s[n], a, b[0][0], b[0][1]);
+        fam_mma(s[n + 1], a, b[1][0], b[1][1]);
+    }
+}
+
+// acc[j] += A B_j for the NJ 8-wide column tiles of a k-major tile (rows [k0, k0 + 16), read
+// transposed): O += P V with V as the tile, and the like.
+template <int NJ, int C>
+__device__ __forceinline__ void fam_mma_kn(float (*acc)[4], const unsigned int (&a)[4],
+                                           const fam_chunk (*tile)[C], unsigned int k0,
+                                           unsigned int lane) {
+#pragma unroll
+    for (int j = 0; j < NJ; j += 2) {
+        unsigned int b[2][2];
+        fam_frag_b_kn(b, tile, k0, 8 * j, lane);
+        fam_mma(acc[j], a, b[0][0], b[0][1]);
+        fam_mma(acc[j + 1], a, b[1][0], b[1][1]);
+    }
+}
+
 // ROWS rows of d bf16 into `dst` (zero past d, and for rows whose address is null): row r is
 // read at `row_at(r)`. `vec`: every row address is 16-byte aligned and d is a multiple of 8.
 template <int DMAX, int ROWS, class RowAt>
@@ -285,15 +315,7 @@ __device__ __forceinline__ void fam_fwd_tile(FamFwdState<DMAX>& st,
 #pragma unroll
     for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
-    for (int kk = 0; kk < KS; ++kk) {
-#pragma unroll
-        for (int n = 0; n < NT; n += 2) {
-            unsigned int b[2][2];
-            fam_frag_b_nk(b, ks, 8 * n, 16 * kk, lane);
-            fam_mma(s[n], qa[kk], b[0][0], b[0][1]);
-            fam_mma(s[n + 1], qa[kk], b[1][0], b[1][1]);
-        }
-    }
+    for (int kk = 0; kk < KS; ++kk) fam_mma_nk<NT>(s, qa[kk], ks, 16 * kk, lane);
     // Scale and mask (tiles that every row sees whole need no mask); the tile's row maxima.
     float mx[2] = {-fa_inf(), -fa_inf()};
 #pragma unroll
@@ -339,13 +361,7 @@ __device__ __forceinline__ void fam_fwd_tile(FamFwdState<DMAX>& st,
     for (int kk = 0; kk < BN / 16; ++kk) {
         unsigned int pa[4];
         fam_c_to_a(pa, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-        for (int j = 0; j < DT; j += 2) {
-            unsigned int b[2][2];
-            fam_frag_b_kn(b, vs, 16 * kk, 8 * j, lane);
-            fam_mma(st.o[j], pa, b[0][0], b[0][1]);
-            fam_mma(st.o[j + 1], pa, b[1][0], b[1][1]);
-        }
+        fam_mma_kn<DT>(st.o, pa, vs, 16 * kk, lane);
     }
 }
 
@@ -359,24 +375,33 @@ __device__ __forceinline__ void fam_fwd_finish(FamFwdState<DMAX>& st) {
     }
 }
 
-// O = acc / l of this lane's two rows into `row0` / `row1` (d elements each; null: not written),
-// zero for a row that saw nothing.
-template <int DMAX>
-__device__ __forceinline__ void fam_fwd_store(const FamFwdState<DMAX>& st, bf16_bits* row0,
-                                              bf16_bits* row1, unsigned int d,
-                                              unsigned int lane) {
+// This lane's C fragments of NJ 8-wide column tiles of two rows (g and g + 8 of its warp's 16),
+// divided by div0 / div1, as bf16 into `row0` / `row1` (d elements each; null: not written).
+template <int NJ>
+__device__ __forceinline__ void fam_store_rows(const float (*acc)[4], bf16_bits* row0,
+                                               bf16_bits* row1, float div0, float div1,
+                                               unsigned int d, unsigned int lane) {
     const unsigned int c4 = lane % 4;
 #pragma unroll
-    for (int j = 0; j < DMAX / 8; ++j) {
+    for (int j = 0; j < NJ; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             bf16_bits* row = e < 2 ? row0 : row1;
             const unsigned int col = 8 * j + 2 * c4 + (e & 1);
             if (row == nullptr || col >= d) continue;
-            const float lr = st.l[e / 2];
-            row[col] = from_f32<bf16_bits>(lr > 0.0f ? st.o[j][e] / lr : 0.0f);
+            row[col] = from_f32<bf16_bits>(acc[j][e] / (e < 2 ? div0 : div1));
         }
     }
+}
+
+// O = acc / l of this lane's two rows into `row0` / `row1` (null: not written); zero for a row
+// that saw nothing (its acc is zero).
+template <int DMAX>
+__device__ __forceinline__ void fam_fwd_store(const FamFwdState<DMAX>& st, bf16_bits* row0,
+                                              bf16_bits* row1, unsigned int d,
+                                              unsigned int lane) {
+    const float l0 = st.l[0] > 0.0f ? st.l[0] : 1.0f, l1 = st.l[1] > 0.0f ? st.l[1] : 1.0f;
+    fam_store_rows<DMAX / 8>(st.o, row0, row1, l0, l1, d, lane);
 }
 
 template <int DMAX>
@@ -650,16 +675,8 @@ __device__ __forceinline__ void fam_dq(const bf16_bits* q, const bf16_bits* k,
             }
 #pragma unroll
             for (int kk = 0; kk < KS; ++kk) {
-#pragma unroll
-                for (int n = 0; n < NT; n += 2) {
-                    unsigned int b[2][2];
-                    fam_frag_b_nk(b, ks, 8 * n, 16 * kk, lane);
-                    fam_mma(s[n], qa[kk], b[0][0], b[0][1]);
-                    fam_mma(s[n + 1], qa[kk], b[1][0], b[1][1]);
-                    fam_frag_b_nk(b, vs, 8 * n, 16 * kk, lane);
-                    fam_mma(dp[n], ga[kk], b[0][0], b[0][1]);
-                    fam_mma(dp[n + 1], ga[kk], b[1][0], b[1][1]);
-                }
+                fam_mma_nk<NT>(s, qa[kk], ks, 16 * kk, lane);
+                fam_mma_nk<NT>(dp, ga[kk], vs, 16 * kk, lane);
             }
             // dS = P (dP - D) scale with P = exp(S scale - L); zero where invisible.
             const bool full = fam_all_visible(k0, BN, q0 + 16 * w, wmax_start);
@@ -681,28 +698,16 @@ __device__ __forceinline__ void fam_dq(const bf16_bits* q, const bf16_bits* k,
             for (int kk = 0; kk < BN / 16; ++kk) {
                 unsigned int da[4];
                 fam_c_to_a(da, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-                for (int j = 0; j < DT; j += 2) {
-                    unsigned int b[2][2];
-                    fam_frag_b_kn(b, ks, 16 * kk, 8 * j, lane);
-                    fam_mma(acc[j], da, b[0][0], b[0][1]);
-                    fam_mma(acc[j + 1], da, b[1][0], b[1][1]);
-                }
+                fam_mma_kn<DT>(acc, da, ks, 16 * kk, lane);
             }
         }
         __syncthreads();
     }
 
-#pragma unroll
-    for (int j = 0; j < DT; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const unsigned int i = e < 2 ? i0 : i1, col = 8 * j + 2 * c4 + (e & 1);
-            if (i >= t || col >= d) continue;
-            dq[head_off + static_cast<unsigned long long>(i) * d + col] =
-                from_f32<bf16_bits>(acc[j][e]);
-        }
-    }
+    bf16_bits* dq_head = dq + head_off;
+    fam_store_rows<DT>(acc, i0 < t ? dq_head + static_cast<unsigned long long>(i0) * d : nullptr,
+                       i1 < t ? dq_head + static_cast<unsigned long long>(i1) * d : nullptr,
+                       1.0f, 1.0f, d, lane);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -798,16 +803,8 @@ __device__ __forceinline__ void fam_dkdv(const bf16_bits* q, const bf16_bits* k,
                     unsigned int ka[4], va[4];
                     fam_frag_a(ka, ks, 16 * w, 16 * kk, lane);
                     fam_frag_a(va, vs, 16 * w, 16 * kk, lane);
-#pragma unroll
-                    for (int n = 0; n < NT; n += 2) {
-                        unsigned int b[2][2];
-                        fam_frag_b_nk(b, qs, 8 * n, 16 * kk, lane);
-                        fam_mma(s[n], ka, b[0][0], b[0][1]);
-                        fam_mma(s[n + 1], ka, b[1][0], b[1][1]);
-                        fam_frag_b_nk(b, gs, 8 * n, 16 * kk, lane);
-                        fam_mma(dp[n], va, b[0][0], b[0][1]);
-                        fam_mma(dp[n + 1], va, b[1][0], b[1][1]);
-                    }
+                    fam_mma_nk<NT>(s, ka, qs, 16 * kk, lane);
+                    fam_mma_nk<NT>(dp, va, gs, 16 * kk, lane);
                 }
                 // P^T and dS^T: rows are keys, columns queries. No mask where the warp's 16
                 // keys are all visible to all the tile's queries.
@@ -834,33 +831,20 @@ __device__ __forceinline__ void fam_dkdv(const bf16_bits* q, const bf16_bits* k,
                     unsigned int pa[4], da[4];
                     fam_c_to_a(pa, s[2 * kk], s[2 * kk + 1]);
                     fam_c_to_a(da, dp[2 * kk], dp[2 * kk + 1]);
-#pragma unroll
-                    for (int j = 0; j < DT; j += 2) {
-                        unsigned int b[2][2];
-                        fam_frag_b_kn(b, gs, 16 * kk, 8 * j, lane);
-                        fam_mma(dv_acc[j], pa, b[0][0], b[0][1]);
-                        fam_mma(dv_acc[j + 1], pa, b[1][0], b[1][1]);
-                        fam_frag_b_kn(b, qs, 16 * kk, 8 * j, lane);
-                        fam_mma(dk_acc[j], da, b[0][0], b[0][1]);
-                        fam_mma(dk_acc[j + 1], da, b[1][0], b[1][1]);
-                    }
+                    fam_mma_kn<DT>(dv_acc, pa, gs, 16 * kk, lane);
+                    fam_mma_kn<DT>(dk_acc, da, qs, 16 * kk, lane);
                 }
             }
             __syncthreads();
         }
     }
 
-#pragma unroll
-    for (int j = 0; j < DT; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const unsigned int key = e < 2 ? key0 : key1, col = 8 * j + 2 * c4 + (e & 1);
-            if (key >= t || col >= d) continue;
-            const unsigned long long at = kv_off + static_cast<unsigned long long>(key) * d + col;
-            dk[at] = from_f32<bf16_bits>(dk_acc[j][e]);
-            dv[at] = from_f32<bf16_bits>(dv_acc[j][e]);
-        }
-    }
+    const unsigned long long at0 = kv_off + static_cast<unsigned long long>(key0) * d;
+    const unsigned long long at1 = kv_off + static_cast<unsigned long long>(key1) * d;
+    fam_store_rows<DT>(dk_acc, key0 < t ? dk + at0 : nullptr, key1 < t ? dk + at1 : nullptr, 1.0f,
+                       1.0f, d, lane);
+    fam_store_rows<DT>(dv_acc, key0 < t ? dv + at0 : nullptr, key1 < t ? dv + at1 : nullptr, 1.0f,
+                       1.0f, d, lane);
 }
 
 // ------------------------------------------------------------------------------------------
