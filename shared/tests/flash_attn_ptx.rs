@@ -25,6 +25,17 @@ fn nvrtc_or_skip() -> bool {
     false
 }
 
+/// The header (up to its `{`) and the body (up to the closing brace at a line start) of the
+/// `.entry` named `entry` in `ptx`.
+fn entry_in<'a>(ptx: &'a str, entry: &str) -> (&'a str, &'a str) {
+    let at = ptx
+        .find(&format!(".entry {entry}("))
+        .unwrap_or_else(|| panic!("no entry {entry} in the PTX"));
+    let body = &ptx[at..];
+    let head = &body[..body.find('{').expect("entry body")];
+    (head, &body[..body.find("\n}").unwrap_or(body.len())])
+}
+
 #[test]
 fn flash_attn_kernels_compile_to_ptx() {
     if !nvrtc_or_skip() {
@@ -33,13 +44,9 @@ fn flash_attn_kernels_compile_to_ptx() {
     let ptx = compile_ptx().unwrap_or_else(|log| panic!("flash_attn.cu: {log}"));
     assert!(ptx.contains(".version"), "not PTX");
     for entry in entry_points() {
-        let at = ptx
-            .find(&format!(".entry {entry}("))
-            .unwrap_or_else(|| panic!("no entry {entry} in the PTX"));
         // The launch bound must reach the PTX, so that ptxas keeps every thread of a block of
         // THREADS within the register file.
-        let body = &ptx[at..];
-        let head = &body[..body.find('{').expect("entry body")];
+        let (head, _) = entry_in(&ptx, &entry);
         assert!(
             head.contains(&format!(".maxntid {THREADS}, 1, 1")),
             "{entry} has no launch bound of {THREADS} threads:\n{head}"
@@ -57,20 +64,19 @@ fn tensor_core_kernels_compile_to_ptx() {
     // The fused attention's, and the paged prefill kernel's (launched from the same module).
     let paged = [64, 128].map(|d| paged::kernels::chunk_entry(d).unwrap().to_string());
     for entry in mma_entry_points().into_iter().chain(paged) {
-        let at = ptx
-            .find(&format!(".entry {entry}("))
-            .unwrap_or_else(|| panic!("no entry {entry} in the PTX"));
-        let body = &ptx[at..];
-        let head = &body[..body.find('{').expect("entry body")];
+        let (head, body) = entry_in(&ptx, &entry);
         assert!(
             head.contains(&format!(".maxntid {THREADS}, 1, 1")),
             "{entry} has no launch bound of {THREADS} threads:\n{head}"
         );
-        // The tile products run on tensor cores.
-        let end = body.find("\n}").unwrap_or(body.len());
+        // The tile products run on tensor cores, their operands loaded with ldmatrix.
         assert!(
-            body[..end].contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"),
+            body.contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"),
             "{entry} has no bf16 mma"
+        );
+        assert!(
+            body.contains("ldmatrix.sync.aligned.m8n8.x4"),
+            "{entry} has no ldmatrix"
         );
     }
 }
@@ -84,13 +90,9 @@ fn paged_attn_kernels_compile_to_ptx() {
     let ptx = paged::cuda::compile_ptx().unwrap_or_else(|log| panic!("paged_attn.cu: {log}"));
     assert!(ptx.contains(".version"), "not PTX");
     for entry in paged::kernels::entry_points() {
-        let at = ptx
-            .find(&format!(".entry {entry}("))
-            .unwrap_or_else(|| panic!("no entry {entry} in the PTX"));
         // The launch bound must reach the PTX, so that ptxas keeps every thread of a block of
         // `threads` (and four such blocks per SM) within the register file.
-        let body = &ptx[at..];
-        let head = &body[..body.find('{').expect("entry body")];
+        let (head, body) = entry_in(&ptx, entry);
         assert!(
             head.contains(&format!(".maxntid {threads}, 1, 1")),
             "{entry} has no launch bound of {threads} threads:\n{head}"
@@ -102,10 +104,9 @@ fn paged_attn_kernels_compile_to_ptx() {
         );
         // The K/V rows are read with 16-byte loads (by the decode kernels; the combine kernels
         // of split calls read f32 records).
-        let end = body.find("\n}").unwrap_or(body.len());
         if entry.starts_with("paged_decode_") {
             assert!(
-                body[..end].contains("ld.global.nc.v4.u32"),
+                body.contains("ld.global.nc.v4.u32"),
                 "{entry} reads no 16-byte chunks"
             );
         }
