@@ -250,6 +250,24 @@ impl<T: Elem> KeyTiles for ContiguousKeys<'_, T> {
     }
 }
 
+/// [`attend_block`] compiled with AVX2 and FMA.
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn attend_block_avx2<T: Elem, K: KeyTiles>(
+    q_blk: &[f32],
+    visible: &[(usize, usize)],
+    keys: &K,
+    d: usize,
+    scale: f32,
+    out: &mut [T],
+    lse: &mut [f32],
+) {
+    attend_block::<T, K, true>(q_blk, visible, keys, d, scale, out, lse)
+}
+
 /// Attention of one block of queries, `q_blk` `(nq, d)` (f32, unscaled), row `r` seeing the keys
 /// `visible[r]` (`[a, e)`; `a >= e`: none) of `keys`, scores multiplied by `scale`: writes
 /// `out` `(nq, d)` (zero for a row that sees nothing) and `lse` `(nq)` (`+inf` for those). Tiles

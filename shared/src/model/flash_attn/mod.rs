@@ -30,6 +30,8 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor};
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) use cpu::attend_block_avx2;
 pub(crate) use cpu::{attend_block, Elem, KeyTiles};
 pub use op::FlashAttn;
 

@@ -13,6 +13,8 @@
 use rayon::prelude::*;
 
 use super::{kernels, PageTable, BLOCK_TOKENS};
+#[cfg(target_arch = "x86_64")]
+use crate::model::flash_attn::attend_block_avx2;
 use crate::model::flash_attn::{attend_block, Elem, KeyTiles};
 use crate::model::simd::{detect_isa, exp_sum_in_place, fast_exp, madd, row_max, Isa};
 
@@ -149,15 +151,16 @@ fn chunk<T: Elem>(call: &Call<'_, T>, runs: &[(usize, usize)], isa: Isa, out: &m
             };
             let mut buf = vec![T::from_f32(0.0); n * d];
             let mut lse = vec![0f32; n];
-            let args = (&q_blk[..], &visible[..], &keys, &mut buf[..], &mut lse[..]);
+            let (q, vis, scale) = (&q_blk[..], &visible[..], call.scale);
             match isa {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: `Isa::Avx2Fma` is only returned by `detect_isa` after
                 // `is_x86_feature_detected!` confirmed AVX2 and FMA on this CPU.
-                Isa::Avx2Fma => unsafe { chunk_task_avx2(args, d, call.scale) },
+                Isa::Avx2Fma => unsafe {
+                    attend_block_avx2(q, vis, &keys, d, scale, &mut buf, &mut lse)
+                },
                 Isa::Generic => {
-                    let (q, vis, keys, o, l) = args;
-                    attend_block::<T, _, false>(q, vis, keys, d, call.scale, o, l)
+                    attend_block::<T, _, false>(q, vis, &keys, d, scale, &mut buf, &mut lse)
                 }
             }
             buf
@@ -170,26 +173,6 @@ fn chunk<T: Elem>(call: &Call<'_, T>, runs: &[(usize, usize)], isa: Isa, out: &m
             out[o..o + d].copy_from_slice(&buf[i * d..(i + 1) * d]);
         }
     }
-}
-
-/// The arguments of one prefill task: queries, visible ranges, keys, output, log-sum-exp.
-type ChunkArgs<'a, 'b, T> = (
-    &'a [f32],
-    &'a [(usize, usize)],
-    &'a PagedKeys<'b, T>,
-    &'a mut [T],
-    &'a mut [f32],
-);
-
-/// [`attend_block`] of one prefill task, compiled with AVX2 and FMA.
-///
-/// # Safety
-/// The CPU must support AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn chunk_task_avx2<T: Elem>(args: ChunkArgs<'_, '_, T>, d: usize, scale: f32) {
-    let (q, visible, keys, out, lse) = args;
-    attend_block::<T, _, true>(q, visible, keys, d, scale, out, lse)
 }
 
 /// The inputs of one call.

@@ -111,6 +111,33 @@ __device__ __forceinline__ unsigned int fa_start(const unsigned int* seg_off,
     return s < 0 ? FA_OUTSIDE : segs[2 * s];
 }
 
+// The end of the queries that can see a key of [k0, k0 + n) of batch row `row`: the largest
+// segment end of those keys (0 if none; keys at or past t count as none). `key_end` (n entries
+// of shared memory) is scratch and `q_hi` a shared slot; every thread of the block (of
+// `threads`) calls it, and it ends with a barrier, so writes to shared memory made before the
+// call are visible after it.
+__device__ __forceinline__ unsigned int fa_keys_seen_until(const unsigned int* seg_off,
+                                                           const unsigned int* segs,
+                                                           unsigned int row, unsigned int k0,
+                                                           unsigned int n, unsigned int t,
+                                                           unsigned int* key_end,
+                                                           unsigned int* q_hi,
+                                                           unsigned int threads) {
+    for (unsigned int r = threadIdx.x; r < n; r += threads) {
+        const unsigned int j = k0 + r;
+        const int s = j < t ? fa_segment(seg_off, segs, row, j) : -1;
+        key_end[r] = s < 0 ? 0u : segs[2 * s + 1];
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned int e = 0;
+        for (unsigned int j = 0; j < n; ++j) e = key_end[j] > e ? key_end[j] : e;
+        *q_hi = e;
+    }
+    __syncthreads();
+    return *q_hi;
+}
+
 // rows x DMAX elements of `src` (row stride d, rows [row0, row0 + rows) of a (t, d) matrix)
 // into `dst` (row stride DMAX + 1) as f32; zero past t and past d.
 template <class T, int DMAX, int ROWS>
@@ -396,19 +423,9 @@ __device__ __forceinline__ void fa_dkdv(const T* q, const T* k, const T* v, cons
 
     fa_load_tile<T, DMAX, BN>(ks, k + kv_off, k0, t, d);
     fa_load_tile<T, DMAX, BN>(vs, v + kv_off, k0, t, d);
-    for (unsigned int r = tid; r < BN; r += THREADS) {
-        const unsigned int j = k0 + r;
-        const int s = j < t ? fa_segment(seg_off, segs, row, j) : -1;
-        key_end[r] = s < 0 ? 0u : segs[2 * s + 1];
-    }
-    __syncthreads();
-    if (tid == 0) {
-        unsigned int e = 0;
-        for (int j = 0; j < BN; ++j) e = key_end[j] > e ? key_end[j] : e;
-        q_hi = e;  // queries [k0, q_hi) can see a key of this block
-    }
-    __syncthreads();
-    const unsigned int hi = q_hi;
+    // Queries [k0, hi) can see a key of this block.
+    const unsigned int hi = fa_keys_seen_until(seg_off, segs, row, k0, BN, t, key_end, &q_hi,
+                                               THREADS);
 
     float dk_acc[ACC], dv_acc[ACC];
 #pragma unroll

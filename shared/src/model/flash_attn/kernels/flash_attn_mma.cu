@@ -745,19 +745,9 @@ __device__ __forceinline__ void fam_dkdv(const bf16_bits* q, const bf16_bits* k,
 
     fam_load<DMAX, BN>(ks, k + kv_off, k0, t, d);
     fam_load<DMAX, BN>(vs, v + kv_off, k0, t, d);
-    for (unsigned int r = tid; r < BN; r += FAM_THREADS) {
-        const unsigned int j = k0 + r;
-        const int s = j < t ? fa_segment(seg_off, segs, row, j) : -1;
-        key_end[r] = s < 0 ? 0u : segs[2 * s + 1];
-    }
-    __syncthreads();
-    if (tid == 0) {
-        unsigned int e = 0;
-        for (int j = 0; j < BN; ++j) e = key_end[j] > e ? key_end[j] : e;
-        q_hi = e;  // queries [k0, q_hi) can see a key of this block
-    }
-    __syncthreads();
-    const unsigned int hi = q_hi;
+    // Queries [k0, hi) can see a key of this block.
+    const unsigned int hi = fa_keys_seen_until(seg_off, segs, row, k0, BN, t, key_end, &q_hi,
+                                               FAM_THREADS);
     // This lane's two keys (rows of S^T): g and g + 8 of the warp's 16.
     const unsigned int wk0 = k0 + 16 * w;
     const unsigned int key0 = wk0 + g, key1 = key0 + 8;
