@@ -1124,13 +1124,25 @@ pub(crate) fn add_transposed_product(
     rhs: &Tensor,
     accumulate: bool,
 ) -> candle_core::Result<()> {
+    // SAFETY: `dst` is initialised and valid for `dst.len()` elements.
+    unsafe { transposed_product_at(dst.as_mut_ptr(), dst.len(), lhs, rhs, accumulate) }
+}
+
+/// [`add_transposed_product`] into `len` elements at `dst`.
+///
+/// # Safety
+/// `dst` must be valid for writes of `len` elements, and initialised if `accumulate`.
+unsafe fn transposed_product_at(
+    dst: *mut f32,
+    len: usize,
+    lhs: &Tensor,
+    rhs: &Tensor,
+    accumulate: bool,
+) -> candle_core::Result<()> {
     let op = "fused-transposed-product";
     let ((k, m), (k2, n)) = (lhs.dims2()?, rhs.dims2()?);
-    if k != k2 || dst.len() != m * n {
-        candle_core::bail!(
-            "{op}: lhs ({k}, {m}), rhs ({k2}, {n}), destination of {} elements",
-            dst.len()
-        );
+    if k != k2 || len != m * n {
+        candle_core::bail!("{op}: lhs ({k}, {m}), rhs ({k2}, {n}), destination of {len} elements");
     }
     let (lhs, rhs) = (lhs.contiguous()?, rhs.contiguous()?);
     let (ls, ll) = lhs.storage_and_layout();
@@ -1144,17 +1156,18 @@ pub(crate) fn add_transposed_product(
     }
     if k == 0 {
         if !accumulate {
-            dst.fill(0.0);
+            // SAFETY: `dst` is valid for `len` writes (the caller's guarantee).
+            unsafe { std::ptr::write_bytes(dst, 0, len) };
         }
         return Ok(());
     }
     let parallelism = matmul_parallelism();
     // SAFETY: `a` holds the (k, m) matrix read as its transpose (column stride m, row stride 1),
-    // `b` the (k, n) matrix (column stride 1, row stride n), `dst` m · n elements; all checked
-    // above.
+    // `b` the (k, n) matrix (column stride 1, row stride n), `dst` m · n elements (checked
+    // above; valid and, with `accumulate`, initialised by the caller's guarantee).
     unsafe {
         gemm_raw(
-            dst.as_mut_ptr(),
+            dst,
             (m, n),
             accumulate,
             a,
@@ -1167,6 +1180,28 @@ pub(crate) fn add_transposed_product(
         );
     }
     Ok(())
+}
+
+/// `lhsᵀ · rhs` for f32 CPU tensors `lhs` `(k, m)` and `rhs` `(k, n)`, as a new row-major
+/// `(m, n)` buffer that is never zero-filled first: the first term of
+/// [`add_transposed_product`]'s sum.
+pub(crate) fn transposed_product(lhs: &Tensor, rhs: &Tensor) -> candle_core::Result<Vec<f32>> {
+    let (m, n) = (lhs.dim(1)?, rhs.dim(1)?);
+    let mut dst = Vec::with_capacity(m * n);
+    // SAFETY: `dst` has room for m · n elements, which the product writes without reading
+    // (no `accumulate`) before the length is set.
+    unsafe {
+        transposed_product_at(dst.as_mut_ptr(), m * n, lhs, rhs, false)?;
+        dst.set_len(m * n);
+    }
+    Ok(dst)
+}
+
+/// `dy · w` for f32 CPU tensors `dy` `(.., out)` and `w` `(out, in)`: the input gradient of
+/// [`linear`], a new buffer never zero-filled first.
+pub(crate) fn linear_input_grad(dy: &Tensor, w: &Tensor) -> candle_core::Result<Tensor> {
+    dy.contiguous()?
+        .apply_op2_no_bwd(&w.contiguous()?, &LinearInputGrad)
 }
 
 /// Multiplies every element by `s` in place (parallel, fixed tasks).

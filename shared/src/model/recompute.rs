@@ -281,11 +281,8 @@ pub(crate) fn chunked_logprob_sum(
     let rows = rows.max(1);
     let host_targets: Vec<u32> = targets.to_dtype(DType::U32)?.flatten_all()?.to_vec1()?;
     let (hd, wd) = (hidden.detach(), weight.detach());
-    let mut dw = if track_w {
-        vec![0f32; vocab * h]
-    } else {
-        Vec::new()
-    };
+    // The weight's gradient: the first chunk's product, later chunks added into it.
+    let mut dw: Vec<f32> = Vec::new();
     let mut lps = Vec::with_capacity(n);
     let mut dh = Vec::with_capacity(n.div_ceil(rows));
     for start in (0..n).step_by(rows) {
@@ -297,10 +294,14 @@ pub(crate) fn chunked_logprob_sum(
         let chunk_lps = super::fused::logprobs_into_grad(&dz, &host_targets[start..start + len])?;
         lps.extend(chunk_lps);
         if track_h {
-            dh.push(dz.matmul(&wd)?);
+            dh.push(super::fused::linear_input_grad(&dz, &wd)?);
         }
         if track_w {
-            super::fused::add_transposed_product(&mut dw, &dz, &h_c, start > 0)?;
+            if start == 0 {
+                dw = super::fused::transposed_product(&dz, &h_c)?;
+            } else {
+                super::fused::add_transposed_product(&mut dw, &dz, &h_c, true)?;
+            }
         }
     }
     let value = Tensor::from_vec(lps, n, hidden.device())?.sum_all()?;
@@ -343,7 +344,12 @@ pub(crate) fn chunked_logprob_sum(
 /// The tempered f32 logits of rows `hidden` `(c, h)`: `(hidden @ weightᵀ) · inv` where `inv`
 /// is `(c, 1)` or absent (temperature 1).
 fn chunk_logits(hidden: &Tensor, weight: &Tensor, inv: Option<&Tensor>) -> Result<Tensor> {
-    let z = hidden.matmul(&weight.t()?)?.to_dtype(DType::F32)?;
+    // f32 on the CPU: the fused linear's product (read in place, never zero-filled first).
+    let z = if super::fused::applies(&[hidden, weight]) {
+        super::fused::linear(&hidden.detach(), &weight.detach())?
+    } else {
+        hidden.matmul(&weight.t()?)?.to_dtype(DType::F32)?
+    };
     Ok(match inv {
         Some(inv) => z.broadcast_mul(inv)?,
         None => z,
@@ -450,7 +456,10 @@ pub(crate) fn chunked_logprobs(
             None
         };
         let mut dh: Option<Tensor> = None;
-        let dw = if track_w {
+        // One slice covers the whole vocabulary: its product is the weight's gradient as it
+        // is. Otherwise each slice's product is written into its rows of one buffer.
+        let whole = cols >= vocab;
+        let mut dw = if track_w && !whole {
             Some(Tensor::zeros((vocab, h), wd.dtype(), wd.device())?)
         } else {
             None
@@ -479,14 +488,30 @@ pub(crate) fn chunked_logprobs(
                 }
             };
             if track_h {
-                let part = dz.matmul(&w_c)?.to_dtype(DType::F32)?;
+                let part = if fused {
+                    super::fused::linear_input_grad(&dz, &w_c)?
+                } else {
+                    dz.matmul(&w_c)?.to_dtype(DType::F32)?
+                };
                 dh = Some(match dh.take() {
                     None => part,
                     Some(sum) => (sum + part)?,
                 });
             }
-            if let Some(dw) = &dw {
-                dw.slice_set(&dz.t()?.matmul(&hd)?, 0, v0)?;
+            if track_w {
+                let part = if fused {
+                    Tensor::from_vec(
+                        super::fused::transposed_product(&dz, &hd)?,
+                        (len, h),
+                        wd.device(),
+                    )?
+                } else {
+                    dz.t()?.matmul(&hd)?
+                };
+                match &dw {
+                    Some(dw) => dw.slice_set(&part, 0, v0)?,
+                    None => dw = Some(part),
+                }
             }
         }
         let dh = match dh {
