@@ -30,6 +30,10 @@ pub(crate) fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
     }
 }
 
+/// 1.5 · 2²³: adding it to a float of magnitude below 2²² leaves the float's integer part in
+/// the low mantissa bits.
+const MAGIC_ROUND: f32 = 12_582_912.0;
+
 /// `exp(x)` as a polynomial (Cephes `expf`: range reduction by ln 2, degree-6 minimax), within
 /// 2 ulp of `f32::exp` on `[-87, 88]`; vectorises where the libm call does not. Inputs below
 /// -87.3 return ~1e-38 instead of 0 (only differences `s - max <= 0` are passed).
@@ -46,8 +50,12 @@ pub(crate) fn fast_exp<const FMA: bool>(x: f32) -> f32 {
     p = madd::<FMA>(p, r, 1.666_666_5e-1);
     p = madd::<FMA>(p, r, 0.5);
     let y = madd::<FMA>(p, r * r, r) + 1.0;
-    // 2^n by building the exponent bits; n is in [-126, 128] after the clamp.
-    let two_n = f32::from_bits(((n as i32 + 127).clamp(1, 254) as u32) << 23);
+    // 2^n by building the exponent bits; n is in [-126, 128] after the clamp. The integer n
+    // is read from the bits of n + 1.5 · 2²³ (exact for |n| < 2²²) rather than by `as i32`,
+    // whose saturating conversion LLVM does not vectorise (it was one scalar `cvttss2si` per
+    // element); the same value for every finite input.
+    let n_int = ((n + MAGIC_ROUND).to_bits() as i32).wrapping_sub(MAGIC_ROUND.to_bits() as i32);
+    let two_n = f32::from_bits(((n_int + 127).clamp(1, 254) as u32) << 23);
     y * two_n
 }
 
@@ -130,6 +138,45 @@ mod tests {
         assert!(worst < 3e-7, "worst relative error {worst}");
         assert_eq!(fast_exp::<false>(0.0), 1.0);
         assert!(fast_exp::<false>(f32::NEG_INFINITY) < 1e-37);
+    }
+
+    /// `fast_exp` as it was with the saturating `as i32` conversion of n.
+    fn fast_exp_by_cast(x: f32) -> f32 {
+        let x = x.clamp(-87.336_54, 88.722_83);
+        let n = (x * std::f32::consts::LOG2_E + 0.5).floor();
+        let r = n.mul_add(-0.693_359_4, x);
+        let r = n.mul_add(2.121_944_4e-4, r);
+        let mut p = 1.987_569_1e-4f32;
+        for c in [
+            1.398_199_9e-3,
+            8.333_452e-3,
+            4.166_579_6e-2,
+            1.666_666_5e-1,
+            0.5,
+        ] {
+            p = p.mul_add(r, c);
+        }
+        let y = p.mul_add(r * r, r) + 1.0;
+        y * f32::from_bits(((n as i32 + 127).clamp(1, 254) as u32) << 23)
+    }
+
+    #[test]
+    fn fast_exp_reads_the_exponent_as_the_cast_did() {
+        let mut xs: Vec<f32> = vec![f32::INFINITY, f32::NEG_INFINITY, f32::MAX, f32::MIN, 0.0];
+        xs.extend([-87.336_54, 88.722_83, -87.34, 88.73, -1e30, 1e30, -0.5, 0.5]);
+        let mut x = -200.0f32;
+        while x < 200.0 {
+            xs.push(x);
+            x += 0.003_1;
+        }
+        for x in xs {
+            assert_eq!(
+                fast_exp::<true>(x).to_bits(),
+                fast_exp_by_cast(x).to_bits(),
+                "x = {x}"
+            );
+        }
+        assert!(fast_exp::<true>(f32::NAN).is_nan());
     }
 
     #[test]
