@@ -12,7 +12,10 @@
 //! CPU. Reported: `base_rss_mb` (the process before the model), `fixed_mb` (weights, gradients
 //! and the two AdamW moments: 16 bytes per parameter, an f32 model needing no master copy),
 //! `peak_fwd_bwd_mb` (peak RSS of the forward + backward), `peak_step_mb` (of the optimizer
-//! update), both since a reset of the kernel's high-water mark, and the wall times. A 16-token
+//! update), both since a reset of the kernel's high-water mark, `live_before_mb` and
+//! `live_peak_fwd_bwd_mb` (bytes allocated and not yet freed before the step and at their peak
+//! during its forward + backward, counted by this example's allocator: what the tensors need,
+//! whatever the allocator keeps besides), and the wall times. A 16-token
 //! warm-up step runs first, so that the measured step starts from the steady state (weights and
 //! AdamW moments resident, no gradients). The gradients are summed in f32
 //! (`learner.grad_accum = "f32"`): the first micro-batch's sum is then the gradients themselves,
@@ -20,6 +23,8 @@
 //! (The learner's default f64 sum adds 8 bytes per parameter once backward has finished and the
 //! activations are gone; `cascade plan` counts it.)
 
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use candle_core::{DType, Device};
@@ -28,6 +33,68 @@ use cascade_learner::sft::{accumulate_sft_gradients, PackedRow};
 use cascade_shared::config::GradAccum;
 use cascade_shared::metrics::{rss_mb, StepMemory};
 use cascade_shared::model::{random_weights, trainable_from_tensors, ModelConfig};
+
+/// The system allocator, counting the bytes allocated and not yet freed and their peak: the
+/// memory the step's tensors need, whatever the allocator keeps besides (RSS also counts pages
+/// an allocator holds after a free and the fragmentation of its heap).
+struct Counting;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+fn grew(bytes: usize) {
+    let live = LIVE.fetch_add(bytes, Ordering::Relaxed) + bytes;
+    PEAK.fetch_max(live, Ordering::Relaxed);
+}
+
+// SAFETY: every call is forwarded to `System` unchanged; the counters only observe sizes.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's guarantees for `layout` carry over.
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            grew(layout.size());
+        }
+        p
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: as `alloc`.
+        let p = unsafe { System.alloc_zeroed(layout) };
+        if !p.is_null() {
+            grew(layout.size());
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from this allocator (that is, `System`) with `layout`.
+        unsafe { System.dealloc(ptr, layout) };
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: as `dealloc` and `alloc`.
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+            grew(new_size);
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Restarts the peak of live bytes from the current count.
+fn reset_live_peak() {
+    PEAK.store(LIVE.load(Ordering::Relaxed), Ordering::Relaxed);
+}
+
+fn live_peak_mb() -> f64 {
+    PEAK.load(Ordering::Relaxed) as f64 / (1024.0 * 1024.0)
+}
 
 fn arg(args: &[String], name: &str, default: usize) -> usize {
     match args.iter().position(|a| a == name) {
@@ -90,11 +157,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     opt.step(1e-5, stats.loss)?;
     let row = row(tokens);
     let memory = StepMemory::start();
+    let live_before_mb = LIVE.load(Ordering::Relaxed) as f64 / (1024.0 * 1024.0);
+    reset_live_peak();
     let t0 = Instant::now();
     let stats = accumulate_sft_gradients(&model, &[row], 1, &mut opt, &dev)?;
     let fwd_bwd_s = t0.elapsed().as_secs_f64();
     let peak_fwd_bwd_mb = memory.finish(&dev).peak_rss_mb;
+    let live_peak_fwd_bwd_mb = live_peak_mb();
     let memory = StepMemory::start();
+    reset_live_peak();
     let t1 = Instant::now();
     opt.step(1e-5, stats.loss)?;
     let step_s = t1.elapsed().as_secs_f64();
@@ -111,6 +182,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "fixed_mb": fixed_mb,
             "peak_fwd_bwd_mb": peak_fwd_bwd_mb,
             "peak_step_mb": peak_step_mb,
+            "live_before_mb": live_before_mb,
+            "live_peak_fwd_bwd_mb": live_peak_fwd_bwd_mb,
             "exact_peak": memory.exact(),
             "loss": stats.loss,
             "fwd_bwd_s": fwd_bwd_s,

@@ -96,7 +96,7 @@ pub(crate) fn add_gradient(
         return Ok(());
     };
     *slot = Some(match slot.take() {
-        None if g.dtype() == dtype => g.copy()?,
+        None if g.dtype() == dtype => g.force_contiguous()?,
         None => g.to_dtype(dtype)?,
         Some(sum) if sum.device().is_cpu() && sum.is_contiguous() && g.is_contiguous() => {
             sum.inplace_op2(g, &AddInto)?;
@@ -141,6 +141,25 @@ mod tests {
             .unwrap()
             .backward()
             .unwrap()
+    }
+
+    /// A first gradient that is a view of a larger buffer (backward stores gradients as the ops
+    /// return them) starts a sum of its own size, not a copy of the whole buffer.
+    #[test]
+    fn a_view_gradient_starts_a_compact_sum() {
+        let var = Var::from_tensor(&Tensor::zeros(8, DType::F32, &Device::Cpu).unwrap()).unwrap();
+        let buffer = Tensor::arange(0f32, 1000f32, &Device::Cpu).unwrap();
+        let mut grads = GradStore::default();
+        grads.insert(var.as_tensor(), buffer.narrow(0, 500, 8).unwrap());
+        let mut slot = None;
+        add_gradient(&mut slot, &grads, &var, DType::F32).unwrap();
+        let sum = slot.unwrap();
+        let (storage, layout) = sum.storage_and_layout();
+        let Storage::Cpu(CpuStorage::F32(v)) = &*storage else {
+            panic!("not a CPU f32 sum")
+        };
+        assert_eq!((v.len(), layout.start_offset()), (8, 0));
+        assert_eq!(v[..], (500..508).map(|i| i as f32).collect::<Vec<_>>()[..]);
     }
 
     /// In-place sums on the CPU equal the tensor-op sums, in f32 and f64, from f32 and bf16

@@ -359,7 +359,7 @@ impl ShardedAdamW {
                 Some(pending) => {
                     let sum = match pending {
                         // A copy: the raw gradient belongs to its store.
-                        Pending::Raw(raw) if raw.dtype() == dtype => raw.copy()?,
+                        Pending::Raw(raw) if raw.dtype() == dtype => raw.force_contiguous()?,
                         Pending::Raw(raw) => raw.to_dtype(dtype)?,
                         Pending::Sum(sum) => sum,
                     };

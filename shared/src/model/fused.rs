@@ -135,9 +135,13 @@ impl CustomOp2 for RmsNorm {
         _y: &Tensor,
         dy: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
-        // One kernel writes dx and dw into one buffer; the two gradients are views of it.
+        // One kernel writes dx and dw into one buffer; dx is a view of it. dw is copied out: a
+        // parameter's gradient lives until the end of backward (candle stores the first
+        // gradient as it is, vendor/README.md), and a view would keep the (rows × h) buffer
+        // alive with it.
         let both = x.apply_op3_no_bwd(w, &dy.contiguous()?, &RmsNormBwd { eps: self.eps })?;
-        split_gradients(&both, x, w)
+        let (dx, dw) = split_gradients(&both, x, w)?;
+        Ok((dx, dw.map(|dw| dw.force_contiguous()).transpose()?))
     }
 }
 
@@ -1182,19 +1186,24 @@ unsafe fn transposed_product_at(
     Ok(())
 }
 
-/// `lhsᵀ · rhs` for f32 CPU tensors `lhs` `(k, m)` and `rhs` `(k, n)`, as a new row-major
-/// `(m, n)` buffer that is never zero-filled first: the first term of
-/// [`add_transposed_product`]'s sum.
-pub(crate) fn transposed_product(lhs: &Tensor, rhs: &Tensor) -> candle_core::Result<Vec<f32>> {
-    let (m, n) = (lhs.dim(1)?, rhs.dim(1)?);
-    let mut dst = Vec::with_capacity(m * n);
-    // SAFETY: `dst` has room for m · n elements, which the product writes without reading
-    // (no `accumulate`) before the length is set.
+/// `dst = lhsᵀ · rhs` for f32 CPU tensors `lhs` `(k, m)` and `rhs` `(k, n)`: `dst` becomes the
+/// row-major `(m, n)` product, written into its own allocation (reused when large enough) and
+/// never zero-filled first: the first term of [`add_transposed_product`]'s sum.
+pub(crate) fn transposed_product(
+    dst: &mut Vec<f32>,
+    lhs: &Tensor,
+    rhs: &Tensor,
+) -> candle_core::Result<()> {
+    let len = lhs.dim(1)? * rhs.dim(1)?;
+    dst.clear();
+    dst.reserve_exact(len);
+    // SAFETY: `dst` has room for `len` elements, which the product writes without reading
+    // (no `accumulate`) before the length is set; on an error the length stays 0.
     unsafe {
-        transposed_product_at(dst.as_mut_ptr(), m * n, lhs, rhs, false)?;
-        dst.set_len(m * n);
+        transposed_product_at(dst.as_mut_ptr(), len, lhs, rhs, false)?;
+        dst.set_len(len);
     }
-    Ok(dst)
+    Ok(())
 }
 
 /// `dy · w` for f32 CPU tensors `dy` `(.., out)` and `w` `(out, in)`: the input gradient of
@@ -1335,6 +1344,36 @@ mod tests {
                 2e-6,
             );
         }
+    }
+
+    /// Elements of the buffer under a CPU f32 tensor (more than its own when it is a view).
+    fn storage_len(t: &Tensor) -> usize {
+        let (s, _) = t.storage_and_layout();
+        match &*s {
+            candle_core::Storage::Cpu(CpuStorage::F32(v)) => v.len(),
+            _ => panic!("not a CPU f32 tensor"),
+        }
+    }
+
+    /// The norm weight's gradient owns a buffer of its own size: candle stores a first gradient
+    /// as it is, and a parameter's gradient lives until the optimizer runs, so a view of the
+    /// `(rows × h)` backward buffer would keep all of it alive.
+    #[test]
+    fn rms_norm_weight_gradient_is_not_a_view_of_the_input_gradient() {
+        let (x, w) = (randn(&[4, 33, 64], 1), randn(&[64], 2));
+        let (xv, wv) = (Var::from_tensor(&x).unwrap(), Var::from_tensor(&w).unwrap());
+        let grads = rms_norm(xv.as_tensor(), wv.as_tensor(), 1e-6)
+            .unwrap()
+            .sqr()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let dw = grads.get(wv.as_tensor()).unwrap();
+        assert_eq!(storage_len(dw), 64);
+        assert_eq!(dw.layout().start_offset(), 0);
+        assert_eq!(grads.get(xv.as_tensor()).unwrap().dims(), &[4, 33, 64]);
     }
 
     #[test]

@@ -115,11 +115,12 @@ fn graft(
     arg2: &Tensor,
     bwd: Box<GraftBwd>,
 ) -> Result<Tensor> {
-    // The forward hands over the value's whole storage: it must start at 0, densely.
+    // The forward hands over the value's whole storage: it must start at 0, densely
+    // (`force_contiguous` copies only the view's elements; `copy` would keep its layout).
     let value = if value.is_contiguous() && value.layout().start_offset() == 0 {
         value
     } else {
-        value.copy()?
+        value.force_contiguous()?
     };
     let op = Graft {
         name,
@@ -281,8 +282,9 @@ pub(crate) fn chunked_logprob_sum(
     let rows = rows.max(1);
     let host_targets: Vec<u32> = targets.to_dtype(DType::U32)?.flatten_all()?.to_vec1()?;
     let (hd, wd) = (hidden.detach(), weight.detach());
-    // The weight's gradient: the first chunk's product, later chunks added into it.
-    let mut dw: Vec<f32> = Vec::new();
+    // The weight's gradient: the first chunk's product, later chunks added into it (allocated
+    // before the first chunk's logits, so that those are recycled for the later chunks).
+    let mut dw: Vec<f32> = Vec::with_capacity(if track_w { vocab * h } else { 0 });
     let mut lps = Vec::with_capacity(n);
     let mut dh = Vec::with_capacity(n.div_ceil(rows));
     for start in (0..n).step_by(rows) {
@@ -298,7 +300,7 @@ pub(crate) fn chunked_logprob_sum(
         }
         if track_w {
             if start == 0 {
-                dw = super::fused::transposed_product(&dz, &h_c)?;
+                super::fused::transposed_product(&mut dw, &dz, &h_c)?;
             } else {
                 super::fused::add_transposed_product(&mut dw, &dz, &h_c, true)?;
             }
@@ -500,11 +502,9 @@ pub(crate) fn chunked_logprobs(
             }
             if track_w {
                 let part = if fused {
-                    Tensor::from_vec(
-                        super::fused::transposed_product(&dz, &hd)?,
-                        (len, h),
-                        wd.device(),
-                    )?
+                    let mut part = Vec::new();
+                    super::fused::transposed_product(&mut part, &dz, &hd)?;
+                    Tensor::from_vec(part, (len, h), wd.device())?
                 } else {
                     dz.t()?.matmul(&hd)?
                 };
